@@ -1,0 +1,4 @@
+"""speclab.kernels: the handwritten Triton kernels (installed from the top-level kernels/ folder).
+
+Importing this package does no GPU work and does not import triton.
+"""

@@ -1,0 +1,71 @@
+"""Speculative-decoding counters, named as vLLM names them.
+
+vLLM (v1/spec_decode/metrics.py) counts, per verification: one draft, its number of draft
+tokens, its number of accepted tokens, and which positions were accepted. From those:
+  acceptance rate        = accepted tokens / draft tokens
+  mean acceptance length = 1 + accepted tokens / drafts   (tokens per target forward)
+The engine exports the same counters under a `speclab:` prefix.
+"""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SpecDecodingStats:
+    """Running totals over every verification step.
+
+    Attributes:
+        num_spec_tokens: the largest k that will be observed (length of the per-position list).
+        num_drafts: verification steps that had at least one draft token.
+        num_draft_tokens: drafted tokens, summed over steps.
+        num_accepted_tokens: accepted drafted tokens (recovered and bonus tokens not counted).
+        num_accepted_tokens_per_pos: position i counts the steps whose draft i was accepted.
+    """
+
+    num_spec_tokens: int
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.num_accepted_tokens_per_pos:
+            self.num_accepted_tokens_per_pos = [0] * self.num_spec_tokens
+
+    def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        """Record one verification: k drafted, the first `num_accepted_tokens` of them kept."""
+        if not 0 <= num_accepted_tokens <= num_draft_tokens <= self.num_spec_tokens:
+            raise ValueError(f"need 0 <= accepted ({num_accepted_tokens}) <= drafted ({num_draft_tokens})"
+                             f" <= num_spec_tokens ({self.num_spec_tokens})")
+        if num_draft_tokens == 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+        for i in range(num_accepted_tokens):
+            self.num_accepted_tokens_per_pos[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens / draft tokens (0 when nothing was drafted)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """1 + accepted / drafts: tokens emitted per verification step, bonus included."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    def acceptance_per_pos(self) -> list[float]:
+        """Fraction of drafts whose position i was accepted (unconditional, as vLLM reports it)."""
+        return [a / self.num_drafts if self.num_drafts else 0.0 for a in self.num_accepted_tokens_per_pos]
+
+    def as_dict(self) -> dict:
+        """The counters and the two derived rates, keyed by vLLM's metric names (no prefix)."""
+        return {
+            "num_drafts": self.num_drafts,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "num_accepted_tokens_per_pos": list(self.num_accepted_tokens_per_pos),
+            "acceptance_rate": self.acceptance_rate,
+            "mean_acceptance_length": self.mean_acceptance_length,
+        }

@@ -1,0 +1,127 @@
+"""From logits to probabilities, and from probabilities to tokens.
+
+Speculative sampling is exact only if the target and the draft are sampled from the
+distributions they are verified against, so the same processing (temperature, then top-k,
+then top-p, in vLLM's order) must be applied to both. Everything here works on the last
+dimension, so it serves one row (V,), a sequence (k + 1, V) and a flattened batch (N, V).
+
+Temperature 0 means greedy: the probabilities become one-hot on the argmax.
+"""
+
+import torch
+
+# Probabilities must sum to 1 within this tolerance (float32 sums over 128K entries drift ~1e-5).
+PROB_SUM_ATOL = 1e-3
+
+
+def check_probs(probs: torch.Tensor, name: str = "probs") -> None:
+    """Raise a ValueError naming the problem when `probs` rows are not distributions.
+
+    Args:
+        probs: (..., V) floating tensor; every row must be >= 0, finite and sum to 1.
+        name: what to call the tensor in the message.
+    """
+    if not torch.is_tensor(probs) or not probs.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor of probabilities, got "
+                         f"{type(probs).__name__}{'' if not torch.is_tensor(probs) else ' ' + str(probs.dtype)}")
+    if probs.numel() == 0:
+        return
+    if not torch.isfinite(probs).all():
+        raise ValueError(f"{name} contains NaN or inf: pass softmax(logits), not logits")
+    if (probs < 0).any():
+        raise ValueError(f"{name} has negative entries: pass softmax(logits), not logits")
+    sums = probs.sum(-1, dtype=torch.float64)
+    worst = (sums - 1).abs().max().item()
+    if worst > PROB_SUM_ATOL:
+        row = int((sums - 1).abs().flatten().argmax())
+        raise ValueError(f"{name} row {row} sums to {sums.flatten()[row].item():.6f}, not 1: "
+                         f"rows must be probability distributions (use speclab.sampling.logits_to_probs)")
+
+
+def _per_row(x, logits: torch.Tensor) -> torch.Tensor:
+    """A scalar or (N,) setting as an (N, 1) column that broadcasts against (N, V) logits."""
+    x = torch.as_tensor(x, device=logits.device)
+    return x.reshape(-1, 1) if x.dim() == 1 else x
+
+
+def apply_top_k(logits: torch.Tensor, top_k) -> torch.Tensor:
+    """Keep the `top_k` largest logits of each row, set the rest to -inf.
+
+    Args:
+        logits: (N, V) or (V,).
+        top_k: int or (N,) ints; 0 or -1 (or >= V) keeps everything, as in vLLM.
+    Returns:
+        A new tensor shaped like `logits`.
+    """
+    V = logits.shape[-1]
+    k = torch.as_tensor(top_k, device=logits.device).long()
+    k = torch.where((k <= 0) | (k > V), torch.full_like(k, V), k)
+    if bool((k == V).all()):
+        return logits.clone()
+    sorted_logits = logits.sort(dim=-1, descending=True).values  # (N, V)
+    k = k.reshape(-1, 1) if k.dim() == 1 else k.reshape(1).expand(*logits.shape[:-1], 1)
+    kth = sorted_logits.gather(-1, k - 1)  # the k-th largest value per row
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def apply_top_p(logits: torch.Tensor, top_p) -> torch.Tensor:
+    """Nucleus filtering: keep the smallest set of largest-probability tokens whose mass reaches `top_p`.
+
+    The most likely token is always kept. Ties at the boundary are broken by sort order.
+
+    Args:
+        logits: (N, V) or (V,).
+        top_p: float or (N,) floats in (0, 1]; 1 keeps everything.
+    """
+    p = _per_row(top_p, logits).to(logits.dtype)
+    if bool((p >= 1).all()):
+        return logits.clone()
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    cum = sorted_logits.softmax(-1).cumsum(-1)  # (N, V) mass of the tokens ranked at or above each
+    drop_sorted = (cum - sorted_logits.softmax(-1)) >= p  # mass strictly above already reaches p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def logits_to_probs(logits: torch.Tensor, temperature=1.0, top_k=0, top_p=1.0) -> torch.Tensor:
+    """Temperature, then top-k, then top-p, then softmax (float32 or wider).
+
+    Apply the same call to the target's and the draft's logits: verification compares the
+    two *processed* distributions.
+
+    Args:
+        logits: (..., V) raw logits.
+        temperature: float or (N,) floats; 0 means greedy (one-hot on the argmax).
+        top_k: int or (N,) ints; 0 or -1 disables.
+        top_p: float or (N,) floats in (0, 1]; 1 disables.
+    Returns:
+        (..., V) probabilities, rows summing to 1.
+    """
+    shape = logits.shape
+    x = logits.reshape(-1, shape[-1]).float() if logits.dtype in (torch.float16, torch.bfloat16) \
+        else logits.reshape(-1, shape[-1])
+    t = _per_row(temperature, x).to(x.dtype)
+    if bool((t < 0).any()):
+        raise ValueError("temperature must be >= 0 (0 means greedy)")
+    tp = _per_row(top_p, x)
+    if bool(((tp <= 0) | (tp > 1)).any()):
+        raise ValueError("top_p must be in (0, 1] (1 disables it)")
+    is_greedy = (t == 0)
+    x = x / torch.where(is_greedy, torch.ones_like(t), t)
+    x = apply_top_p(apply_top_k(x, top_k), top_p)
+    probs = x.softmax(-1)
+    if bool(is_greedy.any()):
+        one_hot = torch.zeros_like(probs).scatter_(-1, logits.reshape(-1, shape[-1]).argmax(-1, keepdim=True), 1.0)
+        probs = torch.where(is_greedy, one_hot, probs)
+    return probs.reshape(shape)
+
+
+def greedy(probs: torch.Tensor) -> torch.Tensor:
+    """The most likely token of each row (first index on ties): (..., V) -> (...) int64."""
+    return probs.argmax(-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token from each row of `probs`: (..., V) -> (...) int64, drawn with `generator`."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])

@@ -1,0 +1,60 @@
+"""Shared pytest setup: what is graded (--impl), markers, and Triton's CPU interpreter.
+
+`pytest` grades the reference solutions (CI stays green); `pytest --impl=exercises` (or
+SPECLAB_IMPL=exercises) grades your answers in exercises/ through the same tests.
+"""
+
+import importlib
+import os
+
+import pytest
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+# Triton compiles for a GPU; without one, its interpreter runs kernels on the CPU. The variable
+# must be set before triton is first imported, so it is set here, before any test module loads.
+if not _has_cuda():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+IMPLS = ("solutions", "exercises")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--impl", choices=IMPLS, default=os.environ.get("SPECLAB_IMPL", "solutions"),
+                     help="which answers the exercise tests grade: solutions (default) or exercises "
+                          "(also settable with SPECLAB_IMPL)")
+
+
+def pytest_report_header(config):
+    impl = config.getoption("--impl")
+    gpu = "CUDA GPU" if _has_cuda() else "no GPU (Triton kernels run under TRITON_INTERPRET=1)"
+    return [f"speclab: grading exercise answers from {impl}/ (--impl={impl}); {gpu}"]
+
+
+def pytest_collection_modifyitems(config, items):
+    if not _has_cuda():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def impl_name(pytestconfig) -> str:
+    return pytestconfig.getoption("--impl")
+
+
+@pytest.fixture
+def impl(request, impl_name):
+    """The module under grading: `<impl>/exNN_topic.py`, named by the test module's EXERCISE."""
+    name = getattr(request.module, "EXERCISE", None)
+    if name is None:
+        raise RuntimeError(f"{request.module.__name__} uses the impl fixture but sets no EXERCISE = 'exNN_topic'")
+    return importlib.import_module(f"{impl_name}.{name}")
