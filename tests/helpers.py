@@ -1,0 +1,60 @@
+"""Samplers shared by the statistical tests: run a verifier many times, count what it emits."""
+
+import numpy as np
+import torch
+
+from speclab.verify import rejection_sample
+
+
+def random_rows(n: int, V: int, generator: torch.Generator, spread: float = 1.5,
+                zero_frac: float = 0.0) -> torch.Tensor:
+    """(n, V) float64 random distributions; `zero_frac` of entries zeroed (argmax kept)."""
+    logits = spread * torch.randn(n, V, generator=generator, dtype=torch.float64)
+    if zero_frac:
+        zero = (torch.rand(n, V, generator=generator, dtype=torch.float64) < zero_frac)
+        logits = logits.masked_fill(zero & (logits < logits.amax(-1, keepdim=True)), float("-inf"))
+    return logits.softmax(-1)
+
+
+def counts_by_position(outputs, k: int, V: int) -> np.ndarray:
+    """(k + 1, V) counts: row j counts the token emitted at position j by the samples that reached it."""
+    counts = np.zeros((k + 1, V), dtype=np.int64)
+    for out in outputs:
+        for j, t in enumerate(out):
+            counts[j, t] += 1
+    return counts
+
+
+def sample_verifier(verify_fn, p, q, N: int, generator: torch.Generator, drafts=None):
+    """Run a `verify_step`-like function N times with fresh drafts x_i ~ q_i (or fixed `drafts`)."""
+    k = p.shape[0] - 1
+    outs = []
+    for _ in range(N):
+        d = drafts if drafts is not None else (
+            torch.multinomial(q, 1, generator=generator).flatten().tolist() if k else [])
+        outs.append(verify_fn(d, p, q, generator=generator))
+    return counts_by_position(outs, k, p.shape[-1])
+
+
+def sample_batched(p, q, N: int, generator: torch.Generator, one_hot_drafts=None, dtype=torch.float32):
+    """N identical requests through `rejection_sample` in one call; returns (k + 1, V) counts.
+
+    Args:
+        p: (k + 1, V); q: (k, V) draft rows the drafts are drawn from, or None with
+            `one_hot_drafts` a fixed list of k draft tokens.
+    """
+    k, V = p.shape[0] - 1, p.shape[1]
+    if q is not None:
+        drafts = torch.multinomial(q, N, replacement=True, generator=generator).T if k else \
+            torch.empty(N, 0, dtype=torch.long)  # (N, k)
+        draft_probs = q.to(dtype).repeat(N, 1)
+    else:
+        drafts = torch.as_tensor(one_hot_drafts, dtype=torch.long).expand(N, k)
+        draft_probs = None
+    out = rejection_sample(drafts.reshape(-1), [k] * N, p.to(dtype).repeat(N, 1), draft_probs,
+                           generator=generator)  # (N, k + 1)
+    counts = np.zeros((k + 1, V), dtype=np.int64)
+    for j in range(k + 1):
+        col = out[:, j]
+        counts[j] = torch.bincount(col[col >= 0], minlength=V).numpy()
+    return counts
