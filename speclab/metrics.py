@@ -3,6 +3,7 @@
 vLLM (v1/spec_decode/metrics.py) counts, per verification: one draft, its number of draft
 tokens, its number of accepted tokens, and which positions were accepted. From those:
   acceptance rate        = accepted tokens / draft tokens
+  alpha (Leviathan)      = accepted tokens / draft positions actually tested
   mean acceptance length = 1 + accepted tokens / drafts   (tokens per target forward)
 The engine exports the same counters under a `speclab:` prefix.
 """
@@ -54,6 +55,18 @@ class SpecDecodingStats:
     def mean_acceptance_length(self) -> float:
         """1 + accepted / drafts: tokens emitted per verification step, bonus included."""
         return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def alpha(self) -> float:
+        """Leviathan's alpha: the probability that a drafted token *that is verified* is accepted.
+
+        Verification stops at the first rejection, so position i is only tested when positions
+        before it were accepted: alpha = accepted / positions tested. (acceptance_rate divides
+        by all drafted tokens instead, and so understates alpha for gamma > 1.)
+        """
+        per_pos = self.num_accepted_tokens_per_pos
+        tested = self.num_drafts + sum(per_pos[:-1])  # every draft tests position 0; acceptance at i tests i + 1
+        return self.num_accepted_tokens / tested if tested else 0.0
 
     def acceptance_per_pos(self) -> list[float]:
         """Fraction of drafts whose position i was accepted (unconditional, as vLLM reports it)."""

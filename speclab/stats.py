@@ -27,15 +27,13 @@ def tv_distance(p, q) -> float:
     return 0.5 * float((p - q).abs().sum())
 
 
-def chi2_gof(counts, probs) -> float:
-    """p-value of Pearson's chi-squared test that `counts` were drawn from `probs`.
+MIN_EXPECTED = 5.0  # cells expected to hold fewer samples are pooled, so the chi2 law holds
 
-    Cells with probability 0 are left out of the statistic; a single observation in such a
-    cell is impossible under the null, so the p-value is 0.
 
-    Args:
-        counts: (C,) observed counts.
-        probs: (C,) cell probabilities (rescaled to sum 1).
+def _pearson(counts, probs) -> tuple[float, int]:
+    """Pearson's statistic and degrees of freedom, pooling cells expected below MIN_EXPECTED.
+
+    Returns (inf, 1) when a cell of probability 0 was observed: impossible under the null.
     """
     counts = np.asarray(counts, dtype=np.float64).ravel()
     probs = np.asarray(probs, dtype=np.float64).ravel()
@@ -43,16 +41,33 @@ def chi2_gof(counts, probs) -> float:
         raise ValueError(f"counts {counts.shape} and probs {probs.shape} must have the same cells")
     n = counts.sum()
     if n == 0:
-        raise ValueError("no observations: nothing to test")
+        return 0.0, 0
     probs = probs / probs.sum()
     support = probs > 0
     if counts[~support].sum() > 0:
-        return 0.0
-    if support.sum() == 1:
-        return 1.0
-    expected = n * probs[support]
-    stat = ((counts[support] - expected) ** 2 / expected).sum()
-    return float(_sp.chi2.sf(stat, df=int(support.sum()) - 1))
+        return math.inf, 1
+    expected, observed = n * probs[support], counts[support]
+    small = expected < MIN_EXPECTED
+    if small.sum() > 1:
+        expected = np.append(expected[~small], expected[small].sum())
+        observed = np.append(observed[~small], observed[small].sum())
+    return float(((observed - expected) ** 2 / expected).sum()), len(expected) - 1
+
+
+def chi2_gof(counts, probs) -> float:
+    """p-value of Pearson's chi-squared test that `counts` were drawn from `probs`.
+
+    Cells of probability 0 are left out (one observation there gives p-value 0); cells
+    expected to hold fewer than MIN_EXPECTED samples are pooled into one.
+
+    Args:
+        counts: (C,) observed counts.
+        probs: (C,) cell probabilities (rescaled to sum 1).
+    """
+    if np.asarray(counts).sum() == 0:
+        raise ValueError("no observations: nothing to test")
+    stat, df = _pearson(counts, probs)
+    return 1.0 if df == 0 else float(_sp.chi2.sf(stat, df))
 
 
 def chi2_gof_strata(counts_per_stratum, probs_per_stratum) -> float:
@@ -65,23 +80,9 @@ def chi2_gof_strata(counts_per_stratum, probs_per_stratum) -> float:
         counts_per_stratum: sequence of (C_j,) counts; strata with no observations are skipped.
         probs_per_stratum: sequence of (C_j,) probabilities.
     """
-    stat, df = 0.0, 0
-    for counts, probs in zip(counts_per_stratum, probs_per_stratum):
-        counts = np.asarray(counts, dtype=np.float64).ravel()
-        probs = np.asarray(probs, dtype=np.float64).ravel()
-        n = counts.sum()
-        if n == 0:
-            continue
-        probs = probs / probs.sum()
-        support = probs > 0
-        if counts[~support].sum() > 0:
-            return 0.0
-        expected = n * probs[support]
-        stat += ((counts[support] - expected) ** 2 / expected).sum()
-        df += int(support.sum()) - 1
-    if df == 0:
-        return 1.0
-    return float(_sp.chi2.sf(stat, df=df))
+    parts = [_pearson(c, p) for c, p in zip(counts_per_stratum, probs_per_stratum)]
+    stat, df = sum(s for s, _ in parts), sum(d for _, d in parts)
+    return 1.0 if df == 0 else float(_sp.chi2.sf(stat, df))
 
 
 def chi2_two_sample(counts_a, counts_b) -> float:

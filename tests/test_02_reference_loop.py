@@ -115,3 +115,19 @@ def test_tokens_per_step_matches_theory_with_iid_acceptance():
     expected = stats.expected_tokens(alpha, gamma)
     assert abs(st.mean_acceptance_length - expected) < 0.05 * expected
     assert abs(st.acceptance_per_pos()[0] - alpha) < 0.03
+
+
+def test_alpha_from_counters_estimates_beta_for_every_gamma():
+    """Counters give alpha = accepted / positions tested; with i.i.d. rows it estimates sum min(p, q)."""
+    g = torch.Generator().manual_seed(12)
+    p_row = torch.tensor([0.6, 0.2, 0.1, 0.1], dtype=torch.float64)
+    q_row = torch.tensor([0.3, 0.3, 0.2, 0.2], dtype=torch.float64)
+    target, draft = MarkovLM(p_row.repeat(V, 1), p_row), MarkovLM(q_row.repeat(V, 1), q_row)
+    beta = float(stats.acceptance_prob(p_row, q_row))
+    for gamma in (1, 3, 6):
+        st = SpecDecodingStats(gamma)
+        speculative_generate(target, draft, [0], 6000, gamma, generator=g, stats=st)
+        tested = st.num_accepted_tokens / st.alpha
+        z = (st.alpha - beta) / np.sqrt(beta * (1 - beta) / tested)
+        assert abs(z) < 4.5, f"gamma={gamma}: alpha {st.alpha:.3f} vs beta {beta:.3f}"
+        assert st.acceptance_rate < st.alpha or gamma == 1

@@ -97,5 +97,6 @@ def test_metrics_counters():
     assert st.as_dict()["num_accepted_tokens_per_pos"] == [1, 1, 0]
     assert st.num_drafts == 2 and st.acceptance_rate == pytest.approx(2 / 6)
     assert st.mean_acceptance_length == pytest.approx(2.0)
+    assert st.alpha == pytest.approx(2 / 4)  # positions tested: 3 in the first step, 1 in the second
     with pytest.raises(ValueError):
         st.observe(2, 3)

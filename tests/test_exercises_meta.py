@@ -1,0 +1,65 @@
+"""Meta-tests of the exercise machinery: stubs and solutions match, and every stub fails its tests."""
+
+import ast
+import importlib
+import inspect
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXERCISES = sorted(p.stem for p in (ROOT / "exercises").glob("ex[0-9][0-9]_*.py"))
+
+
+def public_functions(module):
+    return {name: obj for name, obj in vars(module).items()
+            if not name.startswith("_") and callable(obj) and getattr(obj, "__module__", None) == module.__name__}
+
+
+def signature(fn):
+    return inspect.signature(getattr(fn, "fn", fn))  # a @triton.jit function keeps its Python function in .fn
+
+
+def test_there_are_exercises():
+    assert {"ex01_rejection_sampling", "ex02_speculative_loop"} <= set(EXERCISES)
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_solution_and_test_file_exist(name):
+    assert (ROOT / "solutions" / f"{name}.py").exists(), f"solutions/{name}.py is missing"
+    assert (ROOT / "tests" / f"test_{name}.py").exists(), f"tests/test_{name}.py is missing"
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_stub_and_solution_signatures_agree(name):
+    stub = public_functions(importlib.import_module(f"exercises.{name}"))
+    sol = public_functions(importlib.import_module(f"solutions.{name}"))
+    assert stub.keys() == sol.keys(), f"{name}: stub defines {sorted(stub)}, solution {sorted(sol)}"
+    for fn in stub:
+        assert signature(stub[fn]) == signature(sol[fn]), f"{name}.{fn}: signatures differ"
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_every_stub_raises_a_todo(name):
+    number = re.match(r"ex(\d\d)", name).group(1)
+    tree = ast.parse((ROOT / "exercises" / f"{name}.py").read_text())
+    bodies = [node for node in tree.body if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")]
+    assert bodies
+    for fn in bodies:
+        assert f"TODO(ex{number})" in ast.get_source_segment((ROOT / "exercises" / f"{name}.py").read_text(), fn), \
+            f"{name}.{fn.name} must raise NotImplementedError('TODO(ex{number}): ...')"
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_every_stub_fails_its_tests(name):
+    """Graded against the untouched stubs, not one test may pass (a test that passes a stub grades nothing)."""
+    env = dict(os.environ, SPECLAB_IMPL="exercises")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header",
+                           f"tests/test_{name}.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr
+    assert proc.returncode == 1 and "failed" in summary and "passed" not in summary, \
+        f"tests/test_{name}.py against the stubs: {summary}"
