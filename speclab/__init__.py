@@ -7,9 +7,16 @@ The library the lessons in notebooks/ build, one concept per module:
   metrics    vLLM's spec-decode counters
   toy        Markov-chain language models with exact distributions
   reference  the speculative loop for one sequence
+  models     the embedded model pair, and speclab's own Llama forward over a paged KV cache
+  kv_cache   block pool, block tables, slot mapping, rollback
+  engine     request, scheduler, model runner, engine loop (vLLM v1 in miniature)
+  llm        LLM and SamplingParams, vLLM's offline API
 """
 
+from speclab.llm import LLM, CompletionOutput, RequestOutput
+from speclab.sampling_params import SamplingParams
 from speclab.verify import PLACEHOLDER_TOKEN_ID, rejection_sample
 
 __version__ = "0.1.0"
-__all__ = ["PLACEHOLDER_TOKEN_ID", "rejection_sample", "__version__"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "PLACEHOLDER_TOKEN_ID",
+           "rejection_sample", "__version__"]

@@ -1,0 +1,66 @@
+"""The engine loop: schedule -> run -> commit, until every request is finished."""
+
+import itertools
+
+import torch
+
+from speclab.engine.model_runner import ModelRunner
+from speclab.engine.request import Request
+from speclab.engine.scheduler import Scheduler
+from speclab.kv_cache import KVCacheManager
+from speclab.models.llama import LlamaForCausalLM
+from speclab.sampling_params import SamplingParams
+
+
+class LLMEngine:
+    """Args:
+        model: speclab's Llama forward.
+        num_kv_blocks, block_size: the paged cache's size.
+        max_num_batched_tokens, max_num_seqs: the scheduler's limits.
+        seed: seeds the stream of requests that have no seed of their own.
+    """
+
+    def __init__(self, model: LlamaForCausalLM, *, num_kv_blocks: int, block_size: int = 16,
+                 max_num_batched_tokens: int = 1024, max_num_seqs: int = 64, seed: int = 0):
+        self.model = model
+        self.config = model.config
+        self.kv = KVCacheManager(num_kv_blocks, block_size)
+        self.scheduler = Scheduler(self.kv, max_num_batched_tokens, max_num_seqs)
+        self.runner = ModelRunner(model, self.kv, torch.Generator().manual_seed(seed))
+        self._ids = itertools.count()
+
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> Request:
+        """Validate and queue one request; errors name the limit and the fix."""
+        if not prompt_token_ids:
+            raise ValueError("empty prompt: give at least one token")
+        V, max_len = self.config.vocab_size, self.config.max_position_embeddings
+        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= V:
+            raise ValueError(f"prompt token ids must be in [0, {V}) for this model's vocabulary")
+        total = len(prompt_token_ids) + params.max_tokens
+        if total > max_len:
+            raise ValueError(f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
+                             f"exceeds the model's context of {max_len} tokens: shorten the prompt or lower max_tokens")
+        need = self.kv.blocks_for(total + self.scheduler.num_lookahead_tokens)
+        if need > self.kv.pool.num_blocks:
+            raise ValueError(f"a request of {total} tokens needs {need} KV blocks of {self.kv.block_size} tokens but "
+                             f"the pool has {self.kv.pool.num_blocks}: raise num_kv_blocks or lower max_tokens")
+        gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        req = Request(str(next(self._ids)), list(prompt_token_ids), params, generator=gen)
+        self.scheduler.add(req)
+        return req
+
+    def step(self) -> list[Request]:
+        """One forward over the scheduled batch. Returns the requests that finished."""
+        scheduled = self.scheduler.schedule()
+        if not scheduled:
+            raise RuntimeError("nothing could be scheduled: the KV pool is too small for any waiting request")
+        sampled = self.runner.execute(scheduled)
+        for s in scheduled:
+            req = s.request
+            req.num_computed_tokens += s.num_new_tokens
+            if req.request_id in sampled:
+                req.append_tokens(sampled[req.request_id], self.config.eos_token_id)
+        return self.scheduler.finish_step(scheduled)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()

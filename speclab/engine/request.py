@@ -1,0 +1,65 @@
+"""A request as the engine tracks it: its tokens, how many have KV in the cache, its drafts."""
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from speclab.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    """One prompt being generated.
+
+    Attributes:
+        num_computed_tokens: tokens whose keys and values are in the cache. The tokens after them
+            (the last sampled token, the rest of a chunked prompt) are fed at the next step.
+        spec_token_ids: drafts proposed for the next step, verified by the target then.
+        generator: the request's own random stream when it has a seed.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    spec_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: str | None = None
+    num_preemptions: int = 0
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    def append_tokens(self, tokens: list[int], eos_token_id: int | None) -> None:
+        """Append sampled tokens, stopping at a stop token, EOS or max_tokens."""
+        p = self.params
+        for t in tokens:
+            self.output_token_ids.append(t)
+            if t in p.stop_token_ids or (t == eos_token_id and not p.ignore_eos):
+                self.finish("stop")
+                return
+            if len(self.output_token_ids) >= p.max_tokens:
+                self.finish("length")
+                return
+
+    def finish(self, reason: str) -> None:
+        self.status, self.finish_reason = RequestStatus.FINISHED, reason
+        self.spec_token_ids = []

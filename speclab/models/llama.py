@@ -1,0 +1,243 @@
+"""speclab's own Llama forward, whose attention reads and writes a paged KV cache.
+
+The architecture of Touvron et al., "LLaMA" (2023), as Hugging Face's `LlamaForCausalLM` lays it
+out (RMSNorm, rotary position embeddings, SwiGLU MLP, grouped-query attention), so any Llama
+checkpoint directory (config.json + safetensors) loads with its parameter names unchanged.
+
+What differs from transformers is the input: one *flattened* batch of tokens from many requests
+(a prefill chunk of one, a single decode token of another, k + 1 tokens to verify of a third),
+with `AttentionMetadata` saying which request each token belongs to, where its key and value are
+written (`slot_mapping`), and which cache blocks hold each request's past (`block_tables`).
+This is how vLLM runs a ragged batch in one forward.
+"""
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    eos_token_id: int | None = None
+    bos_token_id: int | None = None
+
+    @classmethod
+    def from_hf(cls, d: dict) -> "LlamaConfig":
+        """From a Hugging Face config.json dict; refuses features this forward does not implement."""
+        if d.get("model_type", "llama") != "llama":
+            raise ValueError(f"model_type={d.get('model_type')!r}: speclab's engine runs Llama-architecture models only")
+        rope = d.get("rope_scaling") or d.get("rope_parameters") or {}
+        if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+            raise ValueError(f"rope scaling {rope} is not supported: use a checkpoint with plain RoPE")
+        if d.get("attention_bias") or d.get("mlp_bias"):
+            raise ValueError("attention_bias / mlp_bias are not supported by speclab's Llama forward")
+        if d.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act={d['hidden_act']!r}: only silu (SwiGLU) is supported")
+        heads = d["num_attention_heads"]
+        eos = d.get("eos_token_id")
+        return cls(
+            vocab_size=d["vocab_size"], hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"],
+            num_hidden_layers=d["num_hidden_layers"], num_attention_heads=heads,
+            num_key_value_heads=d.get("num_key_value_heads") or heads,
+            head_dim=d.get("head_dim") or d["hidden_size"] // heads,
+            rms_norm_eps=d.get("rms_norm_eps", 1e-6),
+            rope_theta=rope.get("rope_theta", d.get("rope_theta", 10000.0)),
+            max_position_embeddings=d.get("max_position_embeddings", 2048),
+            tie_word_embeddings=d.get("tie_word_embeddings", False),
+            eos_token_id=eos[0] if isinstance(eos, list) else eos, bos_token_id=d.get("bos_token_id"))
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each token of a flattened batch of N tokens from B requests reads and writes the cache.
+
+    Attributes:
+        positions: (N,) position of each token in its own sequence.
+        slot_mapping: (N,) cache slot (block * block_size + offset) that receives its key and value.
+        query_start_loc: (B + 1,) request b's tokens are rows [query_start_loc[b], query_start_loc[b+1]).
+        seq_lens: (B,) tokens in each request's cache after this forward (past + new).
+        block_tables: (B, max_blocks) block ids of each request's cache, padded with -1.
+    """
+
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    query_start_loc: list[int]
+    seq_lens: list[int]
+    block_tables: torch.Tensor
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):  # (N, D)
+        var = x.float().pow(2).mean(-1, keepdim=True)
+        return self.weight * (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype)
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding, half-split layout (as HF Llama): x (N, H, Dh) at positions (N,)."""
+    half = x.shape[-1] // 2
+    inv_freq = 1.0 / theta ** (torch.arange(0, half, dtype=torch.float32, device=x.device) / half)
+    angles = positions.float()[:, None] * inv_freq[None, :]  # (N, Dh/2)
+    cos = torch.cat([angles.cos()] * 2, -1)[:, None, :].to(x.dtype)  # (N, 1, Dh)
+    sin = torch.cat([angles.sin()] * 2, -1)[:, None, :].to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.cfg = cfg
+        H, Hkv, Dh = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, H * Dh, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, Hkv * Dh, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, Hkv * Dh, bias=False)
+        self.o_proj = nn.Linear(H * Dh, cfg.hidden_size, bias=False)
+
+    def forward(self, x, meta: AttentionMetadata, k_cache, v_cache):
+        """x: (N, D); k_cache, v_cache: (num_blocks, block_size, Hkv, Dh), written in place."""
+        cfg, N = self.cfg, x.shape[0]
+        H, Hkv, Dh = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        q = rotate(self.q_proj(x).view(N, H, Dh), meta.positions, cfg.rope_theta)
+        k = rotate(self.k_proj(x).view(N, Hkv, Dh), meta.positions, cfg.rope_theta)
+        v = self.v_proj(x).view(N, Hkv, Dh)
+        block_size = k_cache.shape[1]
+        k_cache.view(-1, Hkv, Dh)[meta.slot_mapping] = k  # write this step's keys and values
+        v_cache.view(-1, Hkv, Dh)[meta.slot_mapping] = v
+        out = torch.empty(N, H, Dh, dtype=x.dtype, device=x.device)
+        for b in range(len(meta.seq_lens)):
+            lo, hi, ctx = meta.query_start_loc[b], meta.query_start_loc[b + 1], meta.seq_lens[b]
+            blocks = meta.block_tables[b, :math.ceil(ctx / block_size)]
+            keys = k_cache[blocks].view(-1, Hkv, Dh)[:ctx]  # (ctx, Hkv, Dh): this request's past and present
+            values = v_cache[blocks].view(-1, Hkv, Dh)[:ctx]
+            # query at position t sees keys 0..t (its new tokens are the last hi - lo of ctx)
+            mask = torch.arange(ctx, device=x.device)[None, :] <= meta.positions[lo:hi, None]  # (n, ctx)
+            out[lo:hi] = F.scaled_dot_product_attention(
+                q[lo:hi].transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
+                attn_mask=mask, enable_gqa=H != Hkv).transpose(0, 1)
+        return self.o_proj(out.reshape(N, H * Dh))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, meta, k_cache, v_cache):
+        x = x + self.self_attn(self.input_layernorm(x), meta, k_cache, v_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaBody(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Parameter names match transformers' LlamaForCausalLM, so its state dicts load as they are."""
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaBody(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @torch.inference_mode()
+    def forward(self, input_ids, meta: AttentionMetadata, kv_caches, hidden_layers=()):
+        """Run the flattened batch.
+
+        Args:
+            input_ids: (N,) tokens of all scheduled requests, concatenated.
+            kv_caches: one (k_cache, v_cache) pair per layer.
+            hidden_layers: indices of layers whose outputs to return too (0 = embeddings,
+                i = after layer i), for draft heads that read the target's hidden states.
+        Returns:
+            hidden (N, D) after the final norm, and a list of the requested hidden states.
+        """
+        x = self.model.embed_tokens(input_ids)
+        saved = [x] if 0 in hidden_layers else []
+        for i, layer in enumerate(self.model.layers, start=1):
+            x = layer(x, meta, *kv_caches[i - 1])
+            if i in hidden_layers:
+                saved.append(x)
+        return self.model.norm(x), saved
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden):  # (M, D) -> (M, V)
+        return self.lm_head(hidden).float()
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype=None, device=None):
+        """One (k, v) pair of (num_blocks, block_size, Hkv, Dh) tensors per layer."""
+        cfg = self.config
+        dtype = dtype or self.lm_head.weight.dtype
+        device = device or self.lm_head.weight.device
+        shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
+        return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+                for _ in range(cfg.num_hidden_layers)]
+
+    def kv_bytes_per_token(self) -> int:
+        cfg = self.config
+        return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * self.lm_head.weight.element_size()
+
+
+def load_llama(path, dtype=torch.float32, device="cpu") -> LlamaForCausalLM:
+    """Load a Hugging Face Llama checkpoint directory (config.json + *.safetensors) into speclab's forward."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"{path} has no config.json: pass a Hugging Face Llama checkpoint directory")
+    cfg = LlamaConfig.from_hf(json.loads((path / "config.json").read_text()))
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path} has no .safetensors weights")
+    state = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    model = LlamaForCausalLM(cfg)
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]
+    if missing or unexpected:
+        raise ValueError(f"{path}: weights do not match a Llama model (missing {missing[:4]}, unexpected {unexpected[:4]})")
+    return model.to(dtype=dtype, device=device).eval()
