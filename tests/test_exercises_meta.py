@@ -17,7 +17,8 @@ EXERCISES = sorted(p.stem for p in (ROOT / "exercises").glob("ex[0-9][0-9]_*.py"
 
 def public_functions(module):
     return {name: obj for name, obj in vars(module).items()
-            if not name.startswith("_") and callable(obj) and getattr(obj, "__module__", None) == module.__name__}
+            if not name.startswith("_") and callable(obj)
+            and getattr(getattr(obj, "fn", obj), "__module__", None) == module.__name__}  # .fn: a @triton.jit kernel
 
 
 def signature(fn):
