@@ -56,12 +56,13 @@ class LLM:
         max_num_batched_tokens, max_num_seqs: the scheduler's budget per step.
         seed: the stream for requests without their own seed.
         dtype: weights and cache dtype.
+        verifier: "torch", "triton" or "auto" (Triton kernels on a GPU); None reads SPECLAB_VERIFIER.
     """
 
     def __init__(self, model=None, *, tokenizer=None, speculative_config: dict | None = None,
                  block_size: int = 16, num_kv_blocks: int | None = None, kv_cache_gb: float = 1.0,
                  max_num_batched_tokens: int = 2048, max_num_seqs: int = 64, seed: int = 0,
-                 dtype: torch.dtype = torch.float32, device: str = "cpu"):
+                 dtype: torch.dtype = torch.float32, device: str = "cpu", verifier: str | None = None):
         if speculative_config is not None:
             raise NotImplementedError("speculative_config arrives with the speculative decoding issue")
         path = model_directory(model)
@@ -74,7 +75,8 @@ class LLM:
             cap = int(kv_cache_gb * 2**30 // (self.model.kv_bytes_per_token() * block_size))
             num_kv_blocks = max(1, min(full, cap))
         self.engine = LLMEngine(self.model, num_kv_blocks=num_kv_blocks, block_size=block_size,
-                                max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, seed=seed)
+                                max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, seed=seed,
+                                verifier=verifier)
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:

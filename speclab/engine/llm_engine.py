@@ -18,15 +18,17 @@ class LLMEngine:
         num_kv_blocks, block_size: the paged cache's size.
         max_num_batched_tokens, max_num_seqs: the scheduler's limits.
         seed: seeds the stream of requests that have no seed of their own.
+        verifier: "torch", "triton" or "auto"; None reads SPECLAB_VERIFIER (see speclab.backend).
     """
 
     def __init__(self, model: LlamaForCausalLM, *, num_kv_blocks: int, block_size: int = 16,
-                 max_num_batched_tokens: int = 1024, max_num_seqs: int = 64, seed: int = 0):
+                 max_num_batched_tokens: int = 1024, max_num_seqs: int = 64, seed: int = 0,
+                 verifier: str | None = None):
         self.model = model
         self.config = model.config
         self.kv = KVCacheManager(num_kv_blocks, block_size)
         self.scheduler = Scheduler(self.kv, max_num_batched_tokens, max_num_seqs)
-        self.runner = ModelRunner(model, self.kv, torch.Generator().manual_seed(seed))
+        self.runner = ModelRunner(model, self.kv, torch.Generator().manual_seed(seed), verifier)
         self._ids = itertools.count()
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> Request:

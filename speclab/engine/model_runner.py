@@ -12,11 +12,12 @@ One step, for whatever mix of prefill chunks and decodes the scheduler chose:
 
 import torch
 
+from speclab.backend import get_rejection_sampler
 from speclab.engine.scheduler import ScheduledRequest
 from speclab.kv_cache import KVCacheManager
 from speclab.models.llama import AttentionMetadata, LlamaForCausalLM
 from speclab.sampling import logits_to_probs
-from speclab.verify import PLACEHOLDER_TOKEN_ID, _draw_noise, _draw_uniforms, rejection_sample
+from speclab.verify import PLACEHOLDER_TOKEN_ID, _draw_noise, _draw_uniforms
 
 
 class ModelRunner:
@@ -26,15 +27,17 @@ class ModelRunner:
         model: speclab's Llama forward.
         kv: the block bookkeeping (shared with the scheduler).
         generator: the stream for requests without a seed.
+        verifier: "torch", "triton" or "auto" (Triton on a GPU); None reads SPECLAB_VERIFIER.
     """
 
-    def __init__(self, model: LlamaForCausalLM, kv: KVCacheManager, generator: torch.Generator):
+    def __init__(self, model: LlamaForCausalLM, kv: KVCacheManager, generator: torch.Generator,
+                 verifier: str | None = None):
         self.model = model
         self.kv = kv
         self.generator = generator
         self.device = model.lm_head.weight.device
         self.kv_caches = model.allocate_kv_cache(kv.pool.num_blocks, kv.block_size)
-        self.verifier = rejection_sample
+        self.verifier = get_rejection_sampler(verifier)
 
     def build_batch(self, scheduled: list[ScheduledRequest]):
         """Flatten the scheduled tokens. Returns input_ids (N,), AttentionMetadata, and per request
