@@ -77,12 +77,10 @@ class KVCacheManager:
             The newly allocated blocks (possibly none). Raises NoFreeBlocksError and changes
             nothing when the pool cannot supply them.
         """
-        table = self.block_tables.setdefault(request_id, [])
+        table = self.block_tables.get(request_id, [])
         need = self.blocks_for(num_computed_tokens + num_new_tokens + num_lookahead_tokens) - len(table)
-        if need <= 0:
-            return []
-        new = self.pool.take(need)
-        table.extend(new)
+        new = self.pool.take(need) if need > 0 else []  # raises before anything changes
+        self.block_tables[request_id] = table + new
         return new
 
     def slot_mapping(self, request_id: str, start: int, num_tokens: int) -> list[int]:
