@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from speclab.engine.llm_engine import LLMEngine
 from speclab.models.llama import load_llama

@@ -51,7 +51,7 @@ def impl_name(pytestconfig) -> str:
     return pytestconfig.getoption("--impl")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def impl(request, impl_name):
     """The module under grading: `<impl>/exNN_topic.py`, named by the test module's EXERCISE."""
     name = getattr(request.module, "EXERCISE", None)

@@ -65,6 +65,7 @@ class Scheduler:
 
     def schedule(self) -> list[ScheduledRequest]:
         budget, out = self.max_num_batched_tokens, []
+        preemptions = self.num_preemptions
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -74,6 +75,8 @@ class Scheduler:
             out.append(ScheduledRequest(req, n))
             budget -= n
             i += 1
+        if self.num_preemptions > preemptions:
+            return out  # the pool is full: admitting anyone now would only be preempted again
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
