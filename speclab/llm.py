@@ -13,8 +13,12 @@ import torch
 from tqdm import tqdm
 
 from speclab.engine.llm_engine import LLMEngine
-from speclab.models.llama import load_llama
+from speclab.metrics import prometheus_text
+from speclab.models.llama import LlamaForCausalLM, load_llama
+from speclab.proposers.draft_model import DraftModelProposer
+from speclab.proposers.ngram import NgramProposer
 from speclab.sampling_params import SamplingParams
+from speclab.spec_config import SpeculativeConfig
 
 
 @dataclass
@@ -63,8 +67,7 @@ class LLM:
                  block_size: int = 16, num_kv_blocks: int | None = None, kv_cache_gb: float = 1.0,
                  max_num_batched_tokens: int = 2048, max_num_seqs: int = 64, seed: int = 0,
                  dtype: torch.dtype = torch.float32, device: str = "cpu", verifier: str | None = None):
-        if speculative_config is not None:
-            raise NotImplementedError("speculative_config arrives with the speculative decoding issue")
+        spec = SpeculativeConfig.from_dict(speculative_config) if speculative_config is not None else None
         path = model_directory(model)
         self.model = load_llama(path, dtype=dtype, device=device)
         from transformers import AutoTokenizer
@@ -74,9 +77,42 @@ class LLM:
             full = -(-cfg.max_position_embeddings // block_size) * max_num_seqs
             cap = int(kv_cache_gb * 2**30 // (self.model.kv_bytes_per_token() * block_size))
             num_kv_blocks = max(1, min(full, cap))
+        proposer = None
+        if spec is not None and spec.method == "ngram":
+            proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, spec.num_speculative_tokens)
+        elif spec is not None:
+            draft = self._load_draft(spec.model, dtype, device)
+            proposer = DraftModelProposer(
+                draft, spec.num_speculative_tokens, block_size=block_size, sample_method=spec.draft_sample_method,
+                num_kv_blocks=DraftModelProposer.pool_blocks(num_kv_blocks, max_num_seqs, spec.num_speculative_tokens,
+                                                             block_size),
+                generator=torch.Generator().manual_seed(seed + 1))
+        self.speculative_config = spec
         self.engine = LLMEngine(self.model, num_kv_blocks=num_kv_blocks, block_size=block_size,
                                 max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, seed=seed,
-                                verifier=verifier)
+                                verifier=verifier, proposer=proposer)
+
+    def _load_draft(self, name, dtype, device) -> LlamaForCausalLM:
+        """The draft model, refused unless it shares the target's vocabulary and tokenizer."""
+        from transformers import AutoTokenizer
+
+        from speclab.models.hub import check_pair
+        path = model_directory(name)
+        draft = load_llama(path, dtype=dtype, device=device)
+        draft_tok = AutoTokenizer.from_pretrained(str(path)) if (path / "tokenizer.json").exists() else None
+        check_pair(self.model, draft, self.tokenizer, draft_tok)
+        if draft.config.max_position_embeddings < self.model.config.max_position_embeddings:
+            raise ValueError(f"draft max_position_embeddings={draft.config.max_position_embeddings} < target's "
+                             f"{self.model.config.max_position_embeddings}: the draft must cover the target's context")
+        return draft
+
+    def get_metrics(self) -> dict:
+        """vLLM's spec-decode counters (names without the `speclab:` prefix) and the derived rates."""
+        return self.engine.stats.as_dict()
+
+    def metrics_text(self) -> str:
+        """The same counters in Prometheus' text format, under the `speclab:` prefix."""
+        return prometheus_text(self.engine.stats)
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:

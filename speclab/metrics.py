@@ -82,3 +82,20 @@ class SpecDecodingStats:
             "acceptance_rate": self.acceptance_rate,
             "mean_acceptance_length": self.mean_acceptance_length,
         }
+
+
+def prometheus_text(stats: SpecDecodingStats, prefix: str = "speclab") -> str:
+    """The counters in Prometheus' text exposition format, as vLLM exports them (`_total` suffix,
+    per-position counts labelled by `position`)."""
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    registry = CollectorRegistry()
+    for name, doc in [("num_drafts", "Number of spec decoding drafts."),
+                      ("num_draft_tokens", "Number of draft tokens."),
+                      ("num_accepted_tokens", "Number of accepted tokens.")]:
+        Counter(f"{prefix}:spec_decode_{name}", doc, registry=registry).inc(getattr(stats, name))
+    per_pos = Counter(f"{prefix}:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
+                      ["position"], registry=registry)
+    for i, n in enumerate(stats.num_accepted_tokens_per_pos):
+        per_pos.labels(position=str(i)).inc(n)
+    return generate_latest(registry).decode()

@@ -23,6 +23,15 @@ def _has_cuda() -> bool:
 if not _has_cuda():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# The models in tests are tiny: their forwards are many small ops, which one thread runs fastest.
+# Two threads on two cores shared with anything else (a notebook kernel, a training job) spin
+# and wait on each other, and made the engine tests ~100x slower.
+try:
+    import torch
+    torch.set_num_threads(1)
+except ImportError:
+    pass
+
 IMPLS = ("solutions", "exercises")
 
 

@@ -13,9 +13,10 @@ One step, for whatever mix of prefill chunks and decodes the scheduler chose:
 import torch
 
 from speclab.backend import get_rejection_sampler
+from speclab.engine.batch import flatten
 from speclab.engine.scheduler import ScheduledRequest
 from speclab.kv_cache import KVCacheManager
-from speclab.models.llama import AttentionMetadata, LlamaForCausalLM
+from speclab.models.llama import LlamaForCausalLM
 from speclab.sampling import logits_to_probs
 from speclab.verify import PLACEHOLDER_TOKEN_ID, _draw_noise, _draw_uniforms
 
@@ -40,25 +41,11 @@ class ModelRunner:
         self.verifier = get_rejection_sampler(verifier)
 
     def build_batch(self, scheduled: list[ScheduledRequest]):
-        """Flatten the scheduled tokens. Returns input_ids (N,), AttentionMetadata, and per request
-        the rows of its new tokens."""
-        ids, positions, slots, starts, seq_lens, tables = [], [], [], [0], [], []
-        for s in scheduled:
-            req = s.request
-            tokens = (req.all_token_ids + req.spec_token_ids)[s.start:s.start + s.num_new_tokens]
-            ids += tokens
-            positions += range(s.start, s.start + s.num_new_tokens)
-            slots += self.kv.slot_mapping(req.request_id, s.start, s.num_new_tokens)
-            starts.append(starts[-1] + s.num_new_tokens)
-            seq_lens.append(s.start + s.num_new_tokens)
-            tables.append(self.kv.block_tables[req.request_id])
-        width = max(len(t) for t in tables)
-        block_tables = torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.long)
-        meta = AttentionMetadata(
-            positions=torch.tensor(positions, device=self.device),
-            slot_mapping=torch.tensor(slots, device=self.device),
-            query_start_loc=starts, seq_lens=seq_lens, block_tables=block_tables.to(self.device))
-        return torch.tensor(ids, device=self.device), meta
+        """Flatten the scheduled tokens (the request's known tokens, then its drafts)."""
+        chunks = [(s.request.request_id,
+                   (s.request.all_token_ids + s.request.spec_token_ids)[s.start:s.start + s.num_new_tokens], s.start)
+                  for s in scheduled]
+        return flatten(self.kv, chunks, self.device)
 
     def execute(self, scheduled: list[ScheduledRequest]) -> dict[str, list[int]]:
         """Run one step. Returns, for each request that samples, its accepted drafts + one token."""
@@ -85,6 +72,11 @@ class ModelRunner:
         probs = logits_to_probs(logits, per_row(lambda p: p.temperature), per_row(lambda p: p.top_k),
                                 per_row(lambda p: p.top_p))
         drafts = [t for s in sampling for t in s.request.spec_token_ids[:s.num_spec_tokens]]
+        q = [s.request.spec_draft_probs[:s.num_spec_tokens] for s in sampling
+             if s.num_spec_tokens and s.request.spec_draft_probs is not None]
+        draft_probs = torch.cat(q).to(self.device) if q else None  # (T, V) or one-hot drafts
+        if q and len(q) != sum(1 for k in ks if k):
+            raise RuntimeError("some requests' drafts carry q and others do not: one proposer drafts for all")
         greedy = torch.tensor([p.greedy for p in params])
         V = logits.shape[-1]
         uniforms, noise = [], []
@@ -92,6 +84,6 @@ class ModelRunner:
             g = s.request.generator or self.generator
             uniforms.append(_draw_uniforms(k, g, "cpu"))
             noise.append(_draw_noise(1, V, g, "cpu"))
-        return self.verifier(torch.tensor(drafts, dtype=torch.long, device=self.device), ks, probs, None,
+        return self.verifier(torch.tensor(drafts, dtype=torch.long, device=self.device), ks, probs, draft_probs,
                              greedy=greedy.to(self.device), uniforms=torch.cat(uniforms).to(self.device),
                              noise=torch.cat(noise).to(self.device))

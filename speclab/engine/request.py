@@ -22,6 +22,7 @@ class Request:
         num_computed_tokens: tokens whose keys and values are in the cache. The tokens after them
             (the last sampled token, the rest of a chunked prompt) are fed at the next step.
         spec_token_ids: drafts proposed for the next step, verified by the target then.
+        spec_draft_probs: (k, V) q rows of those drafts, or None when they are one-hot (argmax/n-gram).
         generator: the request's own random stream when it has a seed.
     """
 
@@ -32,6 +33,7 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     spec_token_ids: list[int] = field(default_factory=list)
+    spec_draft_probs: torch.Tensor | None = None
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
     num_preemptions: int = 0
@@ -62,4 +64,4 @@ class Request:
 
     def finish(self, reason: str) -> None:
         self.status, self.finish_reason = RequestStatus.FINISHED, reason
-        self.spec_token_ids = []
+        self.spec_token_ids, self.spec_draft_probs = [], None

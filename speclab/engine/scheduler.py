@@ -10,7 +10,7 @@ from its tokens later (vLLM v1's recompute preemption).
 """
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from speclab.engine.request import Request, RequestStatus
 from speclab.kv_cache import KVCacheManager
@@ -18,25 +18,26 @@ from speclab.kv_cache import KVCacheManager
 
 @dataclass
 class ScheduledRequest:
-    """One request's share of a step: `num_new_tokens` tokens from position request.num_computed_tokens."""
+    """One request's share of a step: `num_new_tokens` tokens from position `start`.
+
+    Attributes (fixed when scheduled, before the step changes the request):
+        start: the request's num_computed_tokens at scheduling time.
+        num_spec_tokens: drafts among the new tokens (0 unless the chunk runs past the known tokens).
+        samples: whether the step yields tokens for the request (its chunk reaches the known end).
+    """
 
     request: Request
     num_new_tokens: int
+    start: int = field(init=False)
+    num_spec_tokens: int = field(init=False)
+    samples: bool = field(init=False)
 
-    @property
-    def start(self) -> int:
-        return self.request.num_computed_tokens
-
-    @property
-    def num_spec_tokens(self) -> int:
-        """Drafts among the new tokens: only when the chunk reaches the end of the known tokens."""
+    def __post_init__(self):
         req = self.request
-        return max(0, self.start + self.num_new_tokens - req.num_tokens)
-
-    @property
-    def samples(self) -> bool:
-        """Whether this step yields new tokens for the request (its chunk ends its known tokens)."""
-        return self.start + self.num_new_tokens >= self.request.num_tokens
+        self.start = req.num_computed_tokens
+        end = self.start + self.num_new_tokens
+        self.num_spec_tokens = max(0, end - req.num_tokens)
+        self.samples = end >= req.num_tokens
 
 
 class Scheduler:
@@ -56,6 +57,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.preempted: list[Request] = []  # since the engine last looked (it resets drafters' state)
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -112,10 +114,11 @@ class Scheduler:
         self.running.remove(req)
         self.kv.free(req.request_id)
         req.num_computed_tokens = 0
-        req.spec_token_ids = []
+        req.spec_token_ids, req.spec_draft_probs = [], None
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
         self.num_preemptions += 1
+        self.preempted.append(req)
         self.waiting.appendleft(req)
 
     def finish_step(self, scheduled: list[ScheduledRequest]) -> list[Request]:

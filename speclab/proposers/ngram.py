@@ -1,0 +1,53 @@
+"""N-gram (prompt lookup) proposer: copy what followed the last time this suffix appeared.
+
+Saxena's prompt lookup decoding (2023), with vLLM's semantics: the longest suffix n-gram of the
+context (prompt and generated tokens), prompt_lookup_min <= n <= prompt_lookup_max, that also
+occurs earlier wins; among equal n the earliest occurrence wins; the drafts are the up to k tokens
+that followed it. No match: no drafts. Costs no model call, so it pays wherever text repeats
+(code edits, quoting, structured output) and costs almost nothing where it does not.
+"""
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from speclab.engine.request import Request
+from speclab.proposers.base import Proposal, Proposer
+
+
+class NgramProposer(Proposer):
+    """Args:
+        prompt_lookup_min, prompt_lookup_max: the n-gram sizes tried, longest first.
+        num_speculative_tokens: k, the most tokens proposed.
+    """
+
+    def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int, num_speculative_tokens: int):
+        if not 1 <= prompt_lookup_min <= prompt_lookup_max:
+            raise ValueError(f"need 1 <= prompt_lookup_min ({prompt_lookup_min}) <= prompt_lookup_max "
+                             f"({prompt_lookup_max})")
+        if num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be > 0, got {num_speculative_tokens}")
+        self.min_n, self.max_n = prompt_lookup_min, prompt_lookup_max
+        self.num_speculative_tokens = num_speculative_tokens
+
+    def propose_tokens(self, token_ids, k: int | None = None) -> list[int]:
+        """Drafts for one context: the up to k tokens after the earliest match of the longest suffix."""
+        k = self.num_speculative_tokens if k is None else k
+        tokens = np.asarray(token_ids, dtype=np.int64)
+        L = len(tokens)
+        if L < self.min_n + 1 or k <= 0:
+            return []
+        ends = np.flatnonzero(tokens[:L - 1] == tokens[L - 1])  # earlier positions that end a 1-gram match
+        length = np.ones(len(ends), dtype=np.int64)  # how far each match extends backwards (capped)
+        alive = np.ones(len(ends), dtype=bool)
+        for d in range(1, min(self.max_n, L - 1)):
+            alive &= ends >= d
+            alive[alive] = tokens[ends[alive] - d] == tokens[L - 1 - d]
+            length += alive
+        n = length.max(initial=0)
+        if n < self.min_n:
+            return []
+        end = ends[np.argmax(length >= n)]  # the earliest occurrence of the longest match
+        return tokens[end + 1:end + 1 + k].tolist()
+
+    def propose(self, requests: list[Request], max_drafts: list[int]) -> list[Proposal]:
+        return [Proposal(self.propose_tokens(r.all_token_ids, k) if k > 0 else []) for r, k in zip(requests, max_drafts)]
