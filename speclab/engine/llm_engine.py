@@ -40,6 +40,7 @@ class LLMEngine:
         self._ids = itertools.count()
         self.proposer = proposer
         self.stats = SpecDecodingStats(proposer.num_speculative_tokens if proposer else 0)
+        self.trace: list[tuple[str, list[int], list[int]]] | None = None  # set to [] to record steps
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> Request:
         """Validate and queue one request; errors name the limit and the fix."""
@@ -86,6 +87,8 @@ class LLMEngine:
     def _commit(self, req: Request, k: int, tokens: list[int]) -> None:
         """Keep the accepted drafts and the new token; roll the cache back past the rejected drafts."""
         accepted = len(tokens) - 1
+        if self.trace is not None:  # (request id, drafts verified, tokens emitted): for lessons and debugging
+            self.trace.append((req.request_id, list(req.spec_token_ids[:k]), list(tokens)))
         if k:
             req.num_computed_tokens -= k - accepted  # the rejected drafts' KV is stale
             self.kv.rollback(req.request_id, req.num_computed_tokens)
