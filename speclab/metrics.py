@@ -33,6 +33,11 @@ class SpecDecodingStats:
         if not self.num_accepted_tokens_per_pos:
             self.num_accepted_tokens_per_pos = [0] * self.num_spec_tokens
 
+    def reset(self) -> None:
+        """Zero every counter (e.g. after a warm-up run)."""
+        self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+        self.num_accepted_tokens_per_pos = [0] * self.num_spec_tokens
+
     def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         """Record one verification: k drafted, the first `num_accepted_tokens` of them kept."""
         if not 0 <= num_accepted_tokens <= num_draft_tokens <= self.num_spec_tokens:
