@@ -19,10 +19,14 @@ def main(argv=None):
     ap.add_argument("--reuse", nargs="*", default=(), choices=("target", "draft-distilled", "draft-data"),
                     help="load these models from WORK (trained by an earlier run) instead of training them")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--target-minutes", type=float, default=None, help="the target's time budget (default: preset)")
+    ap.add_argument("--draft-minutes", type=float, default=None, help="each draft's time budget (default: preset)")
+    ap.add_argument("--init-target", default=None, help="continue the target from this checkpoint directory")
     args = ap.parse_args(argv)
     return run(args.preset, args.out, args.prompts_out, args.work, args.log_file, seed=args.seed,
                target_steps=args.target_steps, draft_steps=args.draft_steps, reuse=tuple(args.reuse),
-               threads=args.threads)
+               threads=args.threads, target_minutes=args.target_minutes, draft_minutes=args.draft_minutes,
+               init_target=args.init_target)
 
 
 if __name__ == "__main__":

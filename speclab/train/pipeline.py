@@ -83,13 +83,16 @@ def _tokenize(tok, texts: list[str]) -> np.ndarray:
 def run(preset: str = "full", out: str | Path | None = None, prompts_out: str | Path | None = None,
         work: str | Path | None = None, log_file: str | Path | None = None, seed: int = 0,
         target_steps: int | None = None, draft_steps: int | None = None, reuse: tuple[str, ...] = (),
-        threads: int | None = None) -> dict:
+        threads: int | None = None, target_minutes: float | None = None, draft_minutes: float | None = None,
+        init_target: str | Path | None = None) -> dict:
     """Run every stage; write the checkpoints and MANIFEST.json under `out`. Returns the manifest.
 
     `target_steps` / `draft_steps` replace the presets' time budgets by fixed step counts (to repeat
     a run exactly: the manifest records the steps that the budgets chose). `reuse` names models
     ("target", ...) already trained into `work` by an earlier run (with the same corpus and
     tokenizer), which are loaded instead of trained again. `threads` sets torch's CPU threads.
+    `target_minutes` / `draft_minutes` override the presets' time budgets; `init_target` starts the
+    target from an earlier checkpoint (same architecture and tokenizer) instead of from scratch.
     """
     cfg = PRESETS[preset]
     if threads is not None:
@@ -126,9 +129,10 @@ def run(preset: str = "full", out: str | Path | None = None, prompts_out: str | 
         log(f"prompts: {', '.join(f'{k} {len(v)}' for k, v in sets.items() if k != 'about')} -> {prompts_out}")
     windows = eval_windows(held_ids, cfg.eval_windows, cfg.eval_seq_len)
 
-    def spec(ts: TrainSpec, s: int, steps: int | None) -> TrainSpec:
+    def spec(ts: TrainSpec, s: int, steps: int | None, minutes: float | None) -> TrainSpec:
         fixed = {} if steps is None else {"steps": steps, "budget_minutes": None}
-        return TrainSpec(**{**asdict(ts), "seed": s, **fixed})
+        budget = {} if minutes is None or steps is not None else {"budget_minutes": minutes}
+        return TrainSpec(**{**asdict(ts), "seed": s, **fixed, **budget})
 
     models, figures = {}, {}
     # the distilled draft fits its budget first; the data-only draft then gets the same steps,
@@ -146,10 +150,17 @@ def run(preset: str = "full", out: str | Path | None = None, prompts_out: str | 
             figures[name] = json.loads((work / name / "figures.json").read_text())
             log(f"{name}: reused from {work / name}")
             continue
-        model = new_model(mspec, vocab, eos, s)
+        if name == "target" and init_target is not None:
+            model = AutoModelForCausalLM.from_pretrained(init_target, dtype=torch.float32).train()
+            log(f"{name}: continuing from {init_target}")
+        else:
+            model = new_model(mspec, vocab, eos, s)
         log(f"{name}: {num_params(model):,} parameters; {asdict(mspec)}")
-        stats = train(model, train_ids, spec(tspec, s, steps), work / name, tok_dir,
+        minutes = target_minutes if name == "target" else draft_minutes
+        stats = train(model, train_ids, spec(tspec, s, steps, minutes), work / name, tok_dir,
                       teacher=models.get(teacher), log=log, desc=name)
+        if name == "target" and init_target is not None:
+            stats["initialized_from"] = str(init_target)
         models[name] = model
         figures[name] = {"parameters": num_params(model), "model": asdict(mspec), **stats, **heldout_loss(model, windows)}
         if teacher:
