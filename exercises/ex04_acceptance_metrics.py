@@ -11,8 +11,9 @@ Lesson: notebooks/04_draft_models.ipynb (and 02 for alpha).
 
 def observe(counters: dict, num_draft_tokens: int, num_accepted: int) -> None:
     """Record one verification of one request in place: num_draft_tokens drafted, the first
-    num_accepted of them accepted. A step with no drafts is not a draft and changes nothing."""
-    raise NotImplementedError("TODO(ex04): 5-6 lines: three sums and one loop over accepted positions")
+    num_accepted of them accepted. A step with no drafts is not a draft and changes nothing.
+    Besides vLLM's counters, count num_positions_tested: min(num_accepted + 1, num_draft_tokens)."""
+    raise NotImplementedError("TODO(ex04): 6-7 lines: four sums and one loop over accepted positions")
 
 
 def acceptance_rate(counters: dict) -> float:
@@ -27,6 +28,6 @@ def mean_acceptance_length(counters: dict) -> float:
 
 
 def alpha(counters: dict) -> float:
-    """Leviathan's alpha: accepted / positions *tested*. Every draft tests position 0; an acceptance
-    at position i tests position i + 1 (as the counters assume, every draft had the full k)."""
-    raise NotImplementedError("TODO(ex04): 2-3 lines: count the tested positions from the per-position counts")
+    """Leviathan's alpha: accepted / positions *tested* (counted by observe: a step that accepts a of
+    k drafts tested min(a + 1, k) positions, since verification stops at the first rejection)."""
+    raise NotImplementedError("TODO(ex04): 2 lines: accepted / positions tested")

@@ -3,12 +3,14 @@
 
 def observe(counters: dict, num_draft_tokens: int, num_accepted: int) -> None:
     """Record one verification of one request in place: num_draft_tokens drafted, the first
-    num_accepted of them accepted. A step with no drafts is not a draft and changes nothing."""
+    num_accepted of them accepted. A step with no drafts is not a draft and changes nothing.
+    Besides vLLM's counters, count num_positions_tested: min(num_accepted + 1, num_draft_tokens)."""
     if num_draft_tokens == 0:
         return
     counters["num_drafts"] += 1
     counters["num_draft_tokens"] += num_draft_tokens
     counters["num_accepted_tokens"] += num_accepted
+    counters["num_positions_tested"] += min(num_accepted + 1, num_draft_tokens)
     for i in range(num_accepted):
         counters["num_accepted_tokens_per_pos"][i] += 1
 
@@ -27,7 +29,7 @@ def mean_acceptance_length(counters: dict) -> float:
 
 
 def alpha(counters: dict) -> float:
-    """Leviathan's alpha: accepted / positions *tested*. Every draft tests position 0; an acceptance
-    at position i tests position i + 1 (as the counters assume, every draft had the full k)."""
-    tested = counters["num_drafts"] + sum(counters["num_accepted_tokens_per_pos"][:-1])
+    """Leviathan's alpha: accepted / positions *tested* (counted by observe: a step that accepts a of
+    k drafts tested min(a + 1, k) positions, since verification stops at the first rejection)."""
+    tested = counters["num_positions_tested"]
     return counters["num_accepted_tokens"] / tested if tested else 0.0

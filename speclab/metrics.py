@@ -21,6 +21,8 @@ class SpecDecodingStats:
         num_draft_tokens: drafted tokens, summed over steps.
         num_accepted_tokens: accepted drafted tokens (recovered and bonus tokens not counted).
         num_accepted_tokens_per_pos: position i counts the steps whose draft i was accepted.
+        num_positions_tested: draft positions the verifier actually tested (it stops at the first
+            rejection): min(accepted + 1, drafted) per step. Not a vLLM counter; it gives alpha.
     """
 
     num_spec_tokens: int
@@ -28,6 +30,7 @@ class SpecDecodingStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    num_positions_tested: int = 0
 
     def __post_init__(self):
         if not self.num_accepted_tokens_per_pos:
@@ -35,7 +38,7 @@ class SpecDecodingStats:
 
     def reset(self) -> None:
         """Zero every counter (e.g. after a warm-up run)."""
-        self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+        self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = self.num_positions_tested = 0
         self.num_accepted_tokens_per_pos = [0] * self.num_spec_tokens
 
     def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
@@ -48,6 +51,7 @@ class SpecDecodingStats:
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted_tokens
+        self.num_positions_tested += min(num_accepted_tokens + 1, num_draft_tokens)
         for i in range(num_accepted_tokens):
             self.num_accepted_tokens_per_pos[i] += 1
 
@@ -69,9 +73,7 @@ class SpecDecodingStats:
         before it were accepted: alpha = accepted / positions tested. (acceptance_rate divides
         by all drafted tokens instead, and so understates alpha for gamma > 1.)
         """
-        per_pos = self.num_accepted_tokens_per_pos
-        tested = self.num_drafts + sum(per_pos[:-1])  # every draft tests position 0; acceptance at i tests i + 1
-        return self.num_accepted_tokens / tested if tested else 0.0
+        return self.num_accepted_tokens / self.num_positions_tested if self.num_positions_tested else 0.0
 
     def acceptance_per_pos(self) -> list[float]:
         """Fraction of drafts whose position i was accepted (unconditional, as vLLM reports it)."""

@@ -44,7 +44,7 @@ def verify_step(draft_tokens, p: torch.Tensor, q: torch.Tensor | None = None, *,
     draft_tokens = [int(t) for t in draft_tokens]
     k = len(draft_tokens)
     if uniforms is None:
-        uniforms = _draw_uniforms(k, generator, p.device)
+        uniforms = draw_uniforms(k, generator, p.device)
     out = []
     for i, x in enumerate(draft_tokens):
         q_x = 1.0 if q is None else q[i, x].item()
@@ -176,13 +176,13 @@ def _final_tokens(p_end, draft_probs, q_row, drafts, n, k, is_greedy, noise):
 # Randomness and input checks
 
 
-def _draw_uniforms(n: int, generator, device) -> torch.Tensor:
+def draw_uniforms(n: int, generator, device) -> torch.Tensor:
     """(n,) float64 uniforms in (0, 1): float32 rand can return exactly 0, which would accept p = 0."""
     u = torch.rand(n, dtype=torch.float64, generator=generator, device=device)
     return u.clamp(min=torch.finfo(torch.float64).tiny)
 
 
-def _draw_noise(B: int, V: int, generator, device) -> torch.Tensor:
+def draw_noise(B: int, V: int, generator, device) -> torch.Tensor:
     """(B, V) float32 Exp(1) noise, strictly positive."""
     e = torch.empty(B, V, dtype=torch.float32, device=device).exponential_(generator=generator)
     return e.clamp(min=torch.finfo(torch.float32).tiny)
@@ -190,7 +190,7 @@ def _draw_noise(B: int, V: int, generator, device) -> torch.Tensor:
 
 def _check_or_draw_uniforms(uniforms, T, generator, device):
     if uniforms is None:
-        return _draw_uniforms(T, generator, device)
+        return draw_uniforms(T, generator, device)
     uniforms = torch.as_tensor(uniforms, device=device)
     if uniforms.shape != (T,):
         raise ValueError(f"uniforms must have shape (T,) = ({T},), one per draft token; got {tuple(uniforms.shape)}")
@@ -203,7 +203,7 @@ def _check_or_draw_uniforms(uniforms, T, generator, device):
 
 def _check_or_draw_noise(noise, B, V, generator, device):
     if noise is None:
-        return _draw_noise(B, V, generator, device)
+        return draw_noise(B, V, generator, device)
     noise = torch.as_tensor(noise, device=device)
     if noise.shape != (B, V):
         raise ValueError(f"noise must have shape (B, V) = ({B}, {V}), one Exp(1) row per request; "

@@ -7,7 +7,7 @@ the test has no power and proves nothing.
 
 import torch
 
-from speclab.verify import _draw_uniforms
+from speclab.verify import draw_uniforms
 
 
 def _one_hot_rows(draft_tokens, p, q):
@@ -23,7 +23,7 @@ def _verify(draft_tokens, p, q, *, uniforms=None, generator=None,
     draft_tokens = [int(t) for t in draft_tokens]
     k = len(draft_tokens)
     q = _one_hot_rows(draft_tokens, p, q)
-    u = _draw_uniforms(k, generator, p.device) if uniforms is None else uniforms
+    u = draw_uniforms(k, generator, p.device) if uniforms is None else uniforms
     if reuse_uniform and k:
         u = u[:1].expand(k)  # BUG: one uniform for every position
     out = []

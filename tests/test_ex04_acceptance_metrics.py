@@ -11,7 +11,8 @@ pytestmark = pytest.mark.exercise
 
 
 def new_counters(k: int) -> dict:
-    return {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "num_accepted_tokens_per_pos": [0] * k}
+    return {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "num_accepted_tokens_per_pos": [0] * k,
+            "num_positions_tested": 0}
 
 
 def test_observe_by_hand(impl):
@@ -21,11 +22,12 @@ def test_observe_by_hand(impl):
     impl.observe(c, 0, 0)  # a step without drafts is not counted
     impl.observe(c, 3, 0)
     assert c == {"num_drafts": 3, "num_draft_tokens": 11, "num_accepted_tokens": 6,
-                 "num_accepted_tokens_per_pos": [2, 2, 1, 1]}
+                 "num_accepted_tokens_per_pos": [2, 2, 1, 1], "num_positions_tested": 3 + 4 + 1}
 
 
 def test_rates_by_hand(impl):
-    c = {"num_drafts": 3, "num_draft_tokens": 12, "num_accepted_tokens": 6, "num_accepted_tokens_per_pos": [2, 2, 1, 1]}
+    c = {"num_drafts": 3, "num_draft_tokens": 12, "num_accepted_tokens": 6, "num_accepted_tokens_per_pos": [2, 2, 1, 1],
+         "num_positions_tested": 8}
     assert impl.acceptance_rate(c) == pytest.approx(6 / 12)
     assert impl.mean_acceptance_length(c) == pytest.approx(1 + 6 / 3)
     assert impl.alpha(c) == pytest.approx(6 / (3 + 2 + 2 + 1))  # tested: 3 at pos 0, then 2, 2, 1

@@ -100,3 +100,9 @@ def test_metrics_counters():
     assert st.alpha == pytest.approx(2 / 4)  # positions tested: 3 in the first step, 1 in the second
     with pytest.raises(ValueError):
         st.observe(2, 3)
+    short = SpecDecodingStats(num_spec_tokens=8)
+    short.observe(2, 2)  # a short draft (n-gram found only 2 tokens), fully accepted: 2 positions tested
+    short.observe(8, 1)
+    assert short.alpha == pytest.approx(3 / (2 + 2))
+    short.reset()
+    assert short.as_dict()["num_drafts"] == 0 and short.alpha == 0.0

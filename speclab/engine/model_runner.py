@@ -18,7 +18,7 @@ from speclab.engine.scheduler import ScheduledRequest
 from speclab.kv_cache import KVCacheManager
 from speclab.models.llama import LlamaForCausalLM
 from speclab.sampling import logits_to_probs
-from speclab.verify import PLACEHOLDER_TOKEN_ID, _draw_noise, _draw_uniforms
+from speclab.verify import PLACEHOLDER_TOKEN_ID, draw_noise, draw_uniforms
 
 
 class ModelRunner:
@@ -82,8 +82,8 @@ class ModelRunner:
         uniforms, noise = [], []
         for s, k in zip(sampling, ks):  # each request draws from its own stream: seeds survive batching
             g = s.request.generator or self.generator
-            uniforms.append(_draw_uniforms(k, g, "cpu"))
-            noise.append(_draw_noise(1, V, g, "cpu"))
+            uniforms.append(draw_uniforms(k, g, "cpu"))
+            noise.append(draw_noise(1, V, g, "cpu"))
         return self.verifier(torch.tensor(drafts, dtype=torch.long, device=self.device), ks, probs, draft_probs,
                              greedy=greedy.to(self.device), uniforms=torch.cat(uniforms).to(self.device),
                              noise=torch.cat(noise).to(self.device))
