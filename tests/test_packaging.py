@@ -51,3 +51,9 @@ def test_kernels_install_as_speclab_kernels_not_top_level():
     tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert tool["package-dir"]["speclab.kernels"] == "kernels"
     assert "kernels" not in tool["packages"]
+
+
+def test_every_subpackage_is_installed():
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = {"speclab." + p.parent.name for p in (ROOT / "speclab").glob("*/__init__.py")}
+    assert found <= set(tool["packages"]), f"not installed by a wheel: {sorted(found - set(tool['packages']))}"

@@ -1,0 +1,1 @@
+"""Proposers: what drafts the tokens the target verifies (n-gram lookup, a draft model)."""
