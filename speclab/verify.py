@@ -238,7 +238,7 @@ def _check_batch(draft_token_ids, num_draft_tokens, target_probs, draft_probs, g
         if draft_probs.shape[1] != V:
             raise ValueError(f"draft vocab size {draft_probs.shape[1]} != target vocab size {V}: "
                              f"the draft must share the target's tokenizer and vocabulary")
-        check_probs(draft_probs, "draft_probs")
+        check_probs(draft_probs[draft_token_ids >= 0], "draft_probs")  # a placeholder's row is never read
         draft_probs = draft_probs.to(target_probs.dtype)  # one dtype: the race must not depend on the batch
     if T and bool((draft_token_ids >= V).any() | (draft_token_ids < PLACEHOLDER_TOKEN_ID).any()):
         bad = draft_token_ids[(draft_token_ids >= V) | (draft_token_ids < -1)][0].item()

@@ -77,6 +77,8 @@ def test_placeholder_drafts_are_rejected_and_replaced_by_a_sample_of_p():
     q = torch.full((1, 4), 0.25)
     out = rejection_sample(torch.tensor([-1]), [1], p, q, generator=torch.Generator().manual_seed(0))
     assert out.tolist() == [[2, -1]]
+    out = rejection_sample(torch.tensor([-1]), [1], p, torch.zeros(1, 4), generator=torch.Generator().manual_seed(0))
+    assert out.tolist() == [[2, -1]]  # a placeholder's q row may be empty: it is never read
 
 
 def test_draft_with_zero_draft_probability_is_always_rejected():
