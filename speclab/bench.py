@@ -2,6 +2,7 @@
 
     python -m speclab.bench decode   # plain decoding: speclab vs transformers at batch 1, 8, 32
     python -m speclab.bench spec     # speculative decoding at batch 1: speclab vs transformers
+    python -m speclab.bench ngram    # microseconds per n-gram proposal at 1K and 8K tokens of context
 
 Both use the embedded pair (or --target/--draft) on the held-out prompt sets of speclab/data,
 warm up first, and print one table. Wall-clock numbers on a shared CPU are noisy: compare rows
@@ -146,9 +147,30 @@ def hf_assist(method: str, k: int, draft_hf) -> dict:
     return {}
 
 
+def bench_ngram(args) -> None:
+    """Microseconds per NgramProposer call (k = 5, n in [2, 4]) on random and repetitive contexts."""
+    import numpy as np
+
+    from speclab.proposers.ngram import NgramProposer
+
+    proposer = NgramProposer(2, 4, 5)
+    rng = np.random.default_rng(0)
+    print(f"{'context':>8} {'kind':<12}{'from list (us)':>16}{'from array (us)':>17}")
+    for L in (1024, 8192):
+        for kind, tokens in [("random", rng.integers(0, 4096, L)), ("repetitive", np.tile(rng.integers(0, 4096, 64), L // 64))]:
+            as_list = tokens.tolist()
+            row = []
+            for ctx in (as_list, tokens):
+                start = time.perf_counter()
+                for _ in range(200):
+                    proposer.propose_tokens(ctx)
+                row.append((time.perf_counter() - start) / 200 * 1e6)
+            print(f"{L:>8} {kind:<12}{row[0]:>16.1f}{row[1]:>17.1f}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("which", choices=["decode", "spec"])
+    ap.add_argument("which", choices=["decode", "spec", "ngram"])
     ap.add_argument("--target", default="target")
     ap.add_argument("--draft", default="draft")
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -161,7 +183,7 @@ def main(argv=None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     model_directory(args.target)  # fail early on a bad path
-    {"decode": bench_decode, "spec": bench_spec}[args.which](args)
+    {"decode": bench_decode, "spec": bench_spec, "ngram": bench_ngram}[args.which](args)
 
 
 if __name__ == "__main__":

@@ -41,3 +41,21 @@ def test_bad_settings():
         NgramProposer(3, 2, 4)
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         NgramProposer(1, 2, 0)
+
+
+def test_engine_path_keeps_each_requests_context_incrementally():
+    """propose() copies only new tokens into a per-request buffer; it must see exactly all_token_ids."""
+    from speclab.engine.request import Request
+    from speclab.sampling_params import SamplingParams
+
+    rng = np.random.default_rng(1)
+    p = NgramProposer(1, 3, 4)
+    reqs = [Request(str(i), rng.integers(0, 5, int(rng.integers(1, 30))).tolist(), SamplingParams(max_tokens=500))
+            for i in range(3)]
+    for _ in range(120):
+        for r in reqs:
+            r.output_token_ids += rng.integers(0, 5, int(rng.integers(1, 4))).tolist()
+        got = [prop.token_ids for prop in p.propose(reqs, [4, 2, 0])]
+        assert got == [p.propose_tokens(reqs[0].all_token_ids, 4), p.propose_tokens(reqs[1].all_token_ids, 2), []]
+    p.on_reset(reqs[0])
+    assert "0" not in p._contexts

@@ -28,6 +28,7 @@ class NgramProposer(Proposer):
             raise ValueError(f"num_speculative_tokens must be > 0, got {num_speculative_tokens}")
         self.min_n, self.max_n = prompt_lookup_min, prompt_lookup_max
         self.num_speculative_tokens = num_speculative_tokens
+        self._contexts: dict[str, tuple[np.ndarray, int]] = {}  # request id -> (token buffer, tokens in it)
 
     def propose_tokens(self, token_ids, k: int | None = None) -> list[int]:
         """Drafts for one context: the up to k tokens after the earliest match of the longest suffix."""
@@ -50,4 +51,20 @@ class NgramProposer(Proposer):
         return tokens[end + 1:end + 1 + k].tolist()
 
     def propose(self, requests: list[Request], max_drafts: list[int]) -> list[Proposal]:
-        return [Proposal(self.propose_tokens(r.all_token_ids, k) if k > 0 else []) for r, k in zip(requests, max_drafts)]
+        return [Proposal(self.propose_tokens(self._context(r), k) if k > 0 else []) for r, k in zip(requests, max_drafts)]
+
+    def _context(self, r: Request) -> np.ndarray:
+        """The request's tokens as an array, copying only what is new since the last call (building
+        the array from the token list each time would cost more than the lookup at 8K tokens)."""
+        buf, n = self._contexts.get(r.request_id, (np.empty(0, dtype=np.int64), 0))
+        if len(buf) < r.num_tokens:  # grow by doubling, keeping the tokens already copied
+            buf = np.concatenate([buf[:n], np.empty(2 * r.num_tokens, dtype=np.int64)])
+        P = len(r.prompt_token_ids)
+        if n < P:
+            buf[:P], n = r.prompt_token_ids, P
+        buf[n:r.num_tokens] = r.output_token_ids[n - P:]
+        self._contexts[r.request_id] = (buf, r.num_tokens)
+        return buf[:r.num_tokens]
+
+    def on_reset(self, request: Request) -> None:
+        self._contexts.pop(request.request_id, None)
