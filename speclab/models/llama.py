@@ -14,6 +14,7 @@ This is how vLLM runs a ragged batch in one forward.
 import json
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -81,6 +82,24 @@ class AttentionMetadata:
     seq_lens: list[int]
     block_tables: torch.Tensor
 
+    @cached_property
+    def padded(self):
+        """The batch as a (B, Qmax) rectangle, computed once per forward and shared by every layer.
+
+        Returns:
+            row, col: (N,) each token's request and index among that request's new tokens;
+            pos: (B, Qmax) positions of the padded queries (0 for padding); Qmax; Cmax (longest cache).
+        """
+        device = self.positions.device
+        starts = torch.tensor(self.query_start_loc, device=device)
+        q_lens = starts[1:] - starts[:-1]  # (B,)
+        row = torch.repeat_interleave(torch.arange(len(q_lens), device=device), q_lens)
+        col = torch.arange(len(row), device=device) - starts[:-1][row]
+        q_max = int(q_lens.max())
+        pos = torch.zeros(len(q_lens), q_max, dtype=torch.long, device=device)
+        pos[row, col] = self.positions
+        return row, col, pos, q_max, max(self.seq_lens)
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -104,6 +123,32 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tens
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
+def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+    """Causal attention of a flattened ragged batch over each request's paged cache, in one call.
+
+    The B requests are padded to a rectangle: queries (B, Qmax), keys and values gathered through
+    the block tables (B, Cmax). Query i of request b (at position t) sees keys 0..t of its own cache.
+
+    Args:
+        q: (N, H, Dh) queries of all requests' new tokens.
+        k_cache, v_cache: (num_blocks, block_size, Hkv, Dh), already holding this step's keys/values.
+    Returns:
+        (N, H, Dh) attention outputs, in the flattened order.
+    """
+    N, H, Dh = q.shape
+    B, block_size = len(meta.seq_lens), k_cache.shape[1]
+    row, col, pos, q_max, c_max = meta.padded  # padding queries sit at position 0
+    q_pad = q.new_zeros(B, q_max, H, Dh)
+    q_pad[row, col] = q
+    blocks = meta.block_tables[:, :math.ceil(c_max / block_size)]  # (B, nb); -1 padding is masked below
+    keys = k_cache[blocks].flatten(1, 2)[:, :c_max]  # (B, Cmax, Hkv, Dh)
+    values = v_cache[blocks].flatten(1, 2)[:, :c_max]
+    mask = torch.arange(c_max, device=q.device)[None, None, :] <= pos[:, :, None]  # (B, Qmax, Cmax) causal
+    out = F.scaled_dot_product_attention(q_pad.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+                                         attn_mask=mask[:, None], enable_gqa=H != k_cache.shape[2])
+    return out.transpose(1, 2)[row, col]  # (N, H, Dh)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
@@ -121,20 +166,9 @@ class Attention(nn.Module):
         q = rotate(self.q_proj(x).view(N, H, Dh), meta.positions, cfg.rope_theta)
         k = rotate(self.k_proj(x).view(N, Hkv, Dh), meta.positions, cfg.rope_theta)
         v = self.v_proj(x).view(N, Hkv, Dh)
-        block_size = k_cache.shape[1]
         k_cache.view(-1, Hkv, Dh)[meta.slot_mapping] = k  # write this step's keys and values
         v_cache.view(-1, Hkv, Dh)[meta.slot_mapping] = v
-        out = torch.empty(N, H, Dh, dtype=x.dtype, device=x.device)
-        for b in range(len(meta.seq_lens)):
-            lo, hi, ctx = meta.query_start_loc[b], meta.query_start_loc[b + 1], meta.seq_lens[b]
-            blocks = meta.block_tables[b, :math.ceil(ctx / block_size)]
-            keys = k_cache[blocks].view(-1, Hkv, Dh)[:ctx]  # (ctx, Hkv, Dh): this request's past and present
-            values = v_cache[blocks].view(-1, Hkv, Dh)[:ctx]
-            # query at position t sees keys 0..t (its new tokens are the last hi - lo of ctx)
-            mask = torch.arange(ctx, device=x.device)[None, :] <= meta.positions[lo:hi, None]  # (n, ctx)
-            out[lo:hi] = F.scaled_dot_product_attention(
-                q[lo:hi].transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
-                attn_mask=mask, enable_gqa=H != Hkv).transpose(0, 1)
+        out = paged_attention(q, k_cache, v_cache, meta)  # (N, H, Dh)
         return self.o_proj(out.reshape(N, H * Dh))
 
 
