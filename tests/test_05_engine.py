@@ -7,7 +7,8 @@ from transformers import LlamaForCausalLM as HFLlama
 
 from speclab.engine.llm_engine import LLMEngine
 from speclab.kv_cache import KVCacheManager
-from speclab.models.llama import AttentionMetadata, LlamaConfig, load_llama
+from speclab.engine.batch import flatten
+from speclab.models.llama import LlamaConfig, load_llama
 from speclab.sampling_params import SamplingParams
 
 V = 101  # not a power of two
@@ -33,21 +34,11 @@ def hf_logits(hf, tokens):
 
 def run_chunks(model, kv, caches, chunks):
     """Forward one flattened batch: chunks = [(request_id, tokens, start)]. Returns logits per chunk."""
-    ids, pos, slots, starts, lens, tables = [], [], [], [0], [], []
     for rid, toks, start in chunks:
         kv.allocate(rid, start, len(toks))
-        ids += toks
-        pos += range(start, start + len(toks))
-        slots += kv.slot_mapping(rid, start, len(toks))
-        starts.append(starts[-1] + len(toks))
-        lens.append(start + len(toks))
-        tables.append(kv.block_tables[rid])
-    width = max(map(len, tables))
-    meta = AttentionMetadata(torch.tensor(pos), torch.tensor(slots), starts, lens,
-                             torch.tensor([t + [-1] * (width - len(t)) for t in tables]))
-    hidden, _ = model(torch.tensor(ids), meta, caches)
-    logits = model.compute_logits(hidden)
-    return [logits[starts[i]:starts[i + 1]] for i in range(len(chunks))]
+    input_ids, meta = flatten(kv, chunks)
+    logits = model.compute_logits(model(input_ids, meta, caches)[0])
+    return [logits[meta.query_start_loc[i]:meta.query_start_loc[i + 1]] for i in range(len(chunks))]
 
 
 def test_config_and_weights_load_from_a_hf_directory(tiny):
