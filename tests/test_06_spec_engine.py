@@ -16,6 +16,7 @@ from speclab.engine.llm_engine import LLMEngine
 from speclab.models.llama import load_llama
 from speclab.proposers.draft_model import DraftModelProposer
 from speclab.proposers.ngram import NgramProposer
+from speclab.sampling import logits_to_probs
 from speclab.sampling_params import SamplingParams
 from speclab.verify import rejection_sample
 
@@ -47,18 +48,21 @@ def pair(tmp_path_factory):
     return hf, root / "target", root / "draft"
 
 
-@pytest.fixture(scope="module")
-def exact_joint(pair):
-    """P(x1, x2, x3 | PROMPT) at temperature 1, from transformers' forward: (V, V, V)."""
-    hf = pair[0]
+def joint_law(hf, top_p=1.0):
+    """P(x1, x2, x3 | PROMPT) at temperature 1 (and top-p), from transformers' forward: (V, V, V)."""
     seqs = torch.tensor([PROMPT + [a, b] for a in range(V) for b in range(V)])  # every 2-token continuation
     with torch.no_grad():
-        logp = hf(seqs).logits.double().log_softmax(-1)  # (V*V, len + 2, V)
+        probs = logits_to_probs(hf(seqs).logits.double(), top_p=top_p)  # (V*V, len + 2, V)
     n = len(PROMPT)
-    p1 = logp[0, n - 1]  # (V,)
-    p2 = logp[:, n].reshape(V, V, V)[:, 0]  # (V, V): x1 -> x2 (row a*V + b has x1 = a)
-    p3 = logp[:, n + 1].reshape(V, V, V)  # (V, V, V): (x1, x2) -> x3
-    return (p1[:, None, None] + p2[:, :, None] + p3).exp()
+    p1 = probs[0, n - 1]  # (V,)
+    p2 = probs[:, n].reshape(V, V, V)[:, 0]  # (V, V): x1 -> x2 (row a*V + b has x1 = a)
+    p3 = probs[:, n + 1].reshape(V, V, V)  # (V, V, V): (x1, x2) -> x3
+    return p1[:, None, None] * p2[:, :, None] * p3
+
+
+@pytest.fixture(scope="module")
+def exact_joint(pair):
+    return joint_law(pair[0])
 
 
 def make_engine(path, proposer=None, **kw):
@@ -70,11 +74,11 @@ def draft_proposer(path, k, method="greedy"):
     return DraftModelProposer(load_llama(path), k, num_kv_blocks=4096, block_size=4, sample_method=method)
 
 
-def sample_joint(engine, n, seed0=0, temperature=1.0):
+def sample_joint(engine, n, seed0=0, temperature=1.0, top_p=1.0):
     """Counts of the first L generated tokens. Requests run to L + 2 tokens so that tokens 2..L come
     from verifications with the full k = 2 drafts (near max_tokens the engine drafts fewer)."""
-    reqs = [engine.add_request(PROMPT, SamplingParams(temperature=temperature, max_tokens=L + 2, seed=seed0 + i,
-                                                      ignore_eos=True)) for i in range(n)]
+    reqs = [engine.add_request(PROMPT, SamplingParams(temperature=temperature, top_p=top_p, max_tokens=L + 2,
+                                                      seed=seed0 + i, ignore_eos=True)) for i in range(n)]
     while engine.has_unfinished():
         engine.step()
     counts = np.zeros((V,) * L)
@@ -141,6 +145,16 @@ def test_sampled_outputs_follow_the_exact_target_law(pair, exact_joint, proposer
     assert_exact(counts, exact_joint, proposer)
     if proposer != "none":  # the speculative path did real work
         assert eng.stats.num_accepted_tokens > (0.02 if proposer == "ngram" else 0.2) * N
+
+
+def test_top_p_outputs_follow_the_exact_top_p_law(pair):
+    """top-p applied to target and draft alike: the output follows the target's nucleus law."""
+    hf, target, draft = pair
+    joint = joint_law(hf, top_p=0.8)
+    assert (joint == 0).any()  # the nucleus really cuts tokens
+    eng = make_engine(target, draft_proposer(draft, 2, "probabilistic"))
+    assert_exact(sample_joint(eng, N, top_p=0.8), joint, "top_p=0.8")
+    assert eng.stats.num_accepted_tokens > 0.2 * N
 
 
 def test_speculative_and_direct_samples_agree_two_sample(pair):
