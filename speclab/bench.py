@@ -44,19 +44,20 @@ def run_hf(model, tokenizer, prompts: list[str], max_new_tokens: int, greedy: bo
     return [row[enc.input_ids.shape[1]:].tolist() for row in out], seconds
 
 
-def decode_step_seconds(model, context: int = 128, steps: int = 40) -> float:
-    """Median time of one single-token decode forward of speclab's model with `context` tokens cached."""
+def decode_step_seconds(model, context: int = 128, steps: int = 40, tokens: int = 1) -> float:
+    """Median time of one forward of `tokens` new tokens (1: a decode step; k + 1: a verification)
+    of speclab's model at batch 1, with `context` tokens already cached."""
     from speclab.engine.batch import flatten
     from speclab.kv_cache import KVCacheManager
 
-    kv = KVCacheManager(context // 16 + 4, 16)
+    kv = KVCacheManager((context + tokens) // 16 + 2, 16)
     caches = model.allocate_kv_cache(kv.pool.num_blocks, 16)
-    kv.allocate("r", 0, context + steps)
-    ids = torch.randint(0, model.config.vocab_size, (context + steps,)).tolist()
+    kv.allocate("r", 0, context + tokens)
+    ids = torch.randint(0, model.config.vocab_size, (context + tokens,)).tolist()
     model(*flatten(kv, [("r", ids[:context], 0)]), caches)
+    batch = flatten(kv, [("r", ids[context:], context)])
     times = []
-    for i in range(steps):
-        batch = flatten(kv, [("r", ids[context + i:context + i + 1], context + i)])
+    for _ in range(steps):  # the same positions are rewritten each time: the cache stays valid
         start = time.perf_counter()
         model.compute_logits(model(*batch, caches)[0])
         times.append(time.perf_counter() - start)
@@ -89,11 +90,16 @@ def bench_spec(args) -> None:
     from speclab.models.hub import load_model, load_tokenizer
 
     target_hf, draft_hf, tok = load_model(args.target), load_model(args.draft), load_tokenizer(args.target)
-    c = decode_step_seconds(LLM(args.draft).model) / decode_step_seconds(LLM(args.target).model)
-    print(f"batch 1, {args.max_tokens} new tokens, {args.num_prompts} prompts per set; measured c = {c:.3f} "
-          f"(draft/target decode step); torch threads = {torch.get_num_threads()}")
-    header = (f"{'set':<6}{'T':>3} {'method':<22}{'tok/s':>8}{'speedup':>9}{'pred':>7}{'accept':>8}{'alpha':>7}"
-              f"{'mean len':>9}{'HF tok/s':>10}{'HF spd':>8}")
+    target, draft = LLM(args.target).model, LLM(args.draft).model
+    t1 = decode_step_seconds(target)
+    c = decode_step_seconds(draft) / t1
+    verify_cost = {k: decode_step_seconds(target, tokens=k + 1) / t1 for k in set(args.ks) | {4}}
+    print(f"batch 1, {args.max_tokens} new tokens, {args.num_prompts} prompts per set; torch threads = "
+          f"{torch.get_num_threads()}\nmeasured c = {c:.3f} (draft/target decode step); a target forward over k + 1 "
+          f"tokens costs {', '.join(f'{v:.2f}' for k, v in sorted(verify_cost.items()))} decode steps "
+          f"(k = {', '.join(map(str, sorted(verify_cost)))})")
+    header = (f"{'set':<6}{'T':>3} {'method':<22}{'tok/s':>8}{'speedup':>9}{'pred':>7}{'pred2':>7}{'accept':>8}"
+              f"{'alpha':>7}{'mean len':>9}{'HF tok/s':>10}{'HF spd':>8}")
     rows = [("code", "none", 0), ("copy", "none", 0), ("prose", "none", 0),
             ("copy", "ngram", 4), ("prose", "ngram", 4), ("code", "ngram", 4)]
     rows += [("code", "draft_model", k) for k in args.ks]
@@ -124,12 +130,17 @@ def bench_spec(args) -> None:
             if method == "none":
                 base[kind] = (tokens / secs, hf_tokens / hf_secs)
             speed, hf_speed = tokens / secs, hf_tokens / hf_secs
-            pred = stats.speedup(m.alpha, k, c if method == "draft_model" else 0.0) if k else 1.0
+            ck = c if method == "draft_model" else 0.0
+            pred = stats.speedup(m.alpha, k, ck) if k else 1.0
+            # the same with the measured cost of verifying k + 1 tokens instead of the memory-bound 1
+            pred2 = stats.expected_tokens(m.alpha, k) / (k * ck + verify_cost[k]) if k else 1.0
             print(f"{kind:<6}{temperature:>3g} {method + (f' k={k}' if k else ''):<22}{speed:>8.1f}"
-                  f"{speed / base[kind][0]:>8.2f}x{pred:>6.2f}x{m.acceptance_rate:>8.2f}{m.alpha:>7.2f}"
+                  f"{speed / base[kind][0]:>8.2f}x{pred:>6.2f}x{pred2:>6.2f}x{m.acceptance_rate:>8.2f}{m.alpha:>7.2f}"
                   f"{m.mean_acceptance_length:>9.2f}{hf_speed:>10.1f}{hf_speed / base[kind][1]:>7.2f}x")
     print("\nspeedup: tokens/s over plain decoding of the same set and temperature, measured in this run; pred: "
           "Leviathan's (1 - a^(k+1)) / ((1 - a)(k c + 1)) at the measured alpha and c (c = 0 for n-gram);\n"
+          "pred2: the same with the measured cost of a (k + 1)-token target forward in place of 1 (the gap left "
+          "to pred2 is the engine's per-step overhead);\n"
           "HF: transformers generate, plain / assistant_model (k drafts, constant schedule, threshold 0) / "
           "prompt_lookup_num_tokens = k, on the same checkpoints.")
 

@@ -13,7 +13,7 @@ This is how vLLM runs a ragged batch in one forward.
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
@@ -81,6 +81,14 @@ class AttentionMetadata:
     query_start_loc: list[int]
     seq_lens: list[int]
     block_tables: torch.Tensor
+    _rope: dict = field(default_factory=dict, repr=False)
+
+    def rope(self, head_dim: int, theta: float, dtype):
+        """cos, sin tables at this batch's positions, computed once per forward (every layer shares them)."""
+        key = (head_dim, theta, dtype)
+        if key not in self._rope:
+            self._rope[key] = rope_tables(self.positions, head_dim, theta, dtype)
+        return self._rope[key]
 
     @cached_property
     def padded(self):
@@ -112,13 +120,18 @@ class RMSNorm(nn.Module):
         return self.weight * (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype)
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding, half-split layout (as HF Llama): x (N, H, Dh) at positions (N,)."""
-    half = x.shape[-1] // 2
-    inv_freq = 1.0 / theta ** (torch.arange(0, half, dtype=torch.float32, device=x.device) / half)
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles at `positions`: two (N, 1, Dh) tensors (HF Llama's layout)."""
+    half = head_dim // 2
+    inv_freq = 1.0 / theta ** (torch.arange(0, half, dtype=torch.float32, device=positions.device) / half)
     angles = positions.float()[:, None] * inv_freq[None, :]  # (N, Dh/2)
-    cos = torch.cat([angles.cos()] * 2, -1)[:, None, :].to(x.dtype)  # (N, 1, Dh)
-    sin = torch.cat([angles.sin()] * 2, -1)[:, None, :].to(x.dtype)
+    return (torch.cat([angles.cos()] * 2, -1)[:, None, :].to(dtype),
+            torch.cat([angles.sin()] * 2, -1)[:, None, :].to(dtype))
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, half-split layout (as HF Llama): x (N, H, Dh)."""
+    half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
@@ -163,8 +176,9 @@ class Attention(nn.Module):
         """x: (N, D); k_cache, v_cache: (num_blocks, block_size, Hkv, Dh), written in place."""
         cfg, N = self.cfg, x.shape[0]
         H, Hkv, Dh = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        q = rotate(self.q_proj(x).view(N, H, Dh), meta.positions, cfg.rope_theta)
-        k = rotate(self.k_proj(x).view(N, Hkv, Dh), meta.positions, cfg.rope_theta)
+        cos, sin = meta.rope(Dh, cfg.rope_theta, x.dtype)
+        q = rotate(self.q_proj(x).view(N, H, Dh), cos, sin)
+        k = rotate(self.k_proj(x).view(N, Hkv, Dh), cos, sin)
         v = self.v_proj(x).view(N, Hkv, Dh)
         k_cache.view(-1, Hkv, Dh)[meta.slot_mapping] = k  # write this step's keys and values
         v_cache.view(-1, Hkv, Dh)[meta.slot_mapping] = v
