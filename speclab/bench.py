@@ -35,7 +35,7 @@ def run_hf(model, tokenizer, prompts: list[str], max_new_tokens: int, greedy: bo
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     enc = tokenizer(prompts, return_tensors="pt", padding=True)
-    sampling = {} if greedy else dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
+    sampling = {} if greedy else dict(temperature=1.0, top_k=0, top_p=1.0)
     start = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(**enc, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
