@@ -81,6 +81,10 @@ class ModelRunner:
         V = logits.shape[-1]
         uniforms, noise = [], []
         for s, k in zip(sampling, ks):  # each request draws from its own stream: seeds survive batching
+            if s.request.params.greedy:  # greedy rows use argmax only: draw nothing, pass placeholders
+                uniforms.append(torch.full((k,), 0.5, dtype=torch.float64))
+                noise.append(torch.ones(1, V))
+                continue
             g = s.request.generator or self.generator
             uniforms.append(draw_uniforms(k, g, "cpu"))
             noise.append(draw_noise(1, V, g, "cpu"))
