@@ -22,9 +22,7 @@ from typing import NamedTuple
 
 import torch
 
-import speclab
-
-CHECKPOINTS = Path(speclab.__file__).parent / "checkpoints"
+CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 EMBEDDED = ("target", "draft", "draft-data", "draft-distilled")
 
 
