@@ -1,17 +1,25 @@
-"""Exercise 03: the n-gram (prompt lookup) proposer, with vLLM's semantics.
+"""Exercise 03: prompt lookup with a per-request n-gram index, updated as tokens arrive.
 
-Fill in `propose`, then grade yourself:
-    pytest --impl=exercises tests/test_ex03_ngram.py
+Lesson 03's `lookup` rescans the whole context at every step: O(L n) per call. A server keeps
+state per request instead. Here that state is a dict from every n-gram seen so far
+(a tuple of token ids) to the start of its earliest occurrence; each step adds only the n-grams
+that end at the newly appended positions, and a lookup is a few dict reads. The result must be
+exactly vLLM's rule (longest suffix n-gram in [min, max] that occurred earlier, earliest
+occurrence, up to k tokens after it, [] when none). Fill in both functions, then grade yourself:
+    .venv/bin/python -m pytest --impl=exercises tests/test_ex03_ngram.py
 Lesson: notebooks/03_ngram_proposer.ipynb.
 """
 
 
-def propose(token_ids: list[int], prompt_lookup_min: int, prompt_lookup_max: int, k: int) -> list[int]:
-    """Drafts copied from the context: the up to k tokens that followed an earlier occurrence of its suffix.
+def update_index(index: dict, token_ids: list[int], num_indexed: int, prompt_lookup_max: int) -> int:
+    """Add every n-gram (1 <= n <= prompt_lookup_max) that ends at a position in
+    num_indexed .. len(token_ids) - 1, keyed by tuple(ngram) -> start of its earliest occurrence
+    (an n-gram already in the index keeps its earlier start). Returns len(token_ids)."""
+    raise NotImplementedError("TODO(ex03): 4 lines: two loops (new end positions, then n); never overwrite")
 
-    Try suffix lengths n from prompt_lookup_max down to prompt_lookup_min; the first n whose last-n
-    tokens also occur earlier (an occurrence that ends before the last token; overlaps allowed) wins,
-    and among its occurrences the earliest wins. Return the up to k tokens after that occurrence,
-    or [] when no n in [min, max] matches.
-    """
-    raise NotImplementedError("TODO(ex03): 5-8 lines: two loops, longest n first, then earliest start")
+
+def propose_indexed(index: dict, token_ids: list[int], prompt_lookup_min: int, prompt_lookup_max: int,
+                    k: int) -> list[int]:
+    """vLLM's drafts for `token_ids`, read from an index that covers all of it."""
+    raise NotImplementedError("TODO(ex03): 6 lines: longest n first; mind that the suffix itself is in the "
+                              "index, so its recorded start must lie before it")

@@ -1,18 +1,29 @@
-"""Exercise 03, solution: the n-gram (prompt lookup) proposer, with vLLM's semantics."""
+"""Exercise 03, solution: prompt lookup with a per-request n-gram index, updated as tokens arrive.
+
+vLLM's rule (lesson 03): the longest suffix n-gram (prompt_lookup_min <= n <= prompt_lookup_max)
+that occurs earlier wins, its earliest occurrence wins, and the up to k tokens after it are the
+drafts. Rescanning the context costs O(L n) per step; a server instead keeps state per request.
+Here that state is a dict from every n-gram seen so far to the start of its earliest occurrence,
+extended by the n-grams that end at the newly appended positions only.
+"""
 
 
-def propose(token_ids: list[int], prompt_lookup_min: int, prompt_lookup_max: int, k: int) -> list[int]:
-    """Drafts copied from the context: the up to k tokens that followed an earlier occurrence of its suffix.
+def update_index(index: dict, token_ids: list[int], num_indexed: int, prompt_lookup_max: int) -> int:
+    """Add every n-gram (1 <= n <= prompt_lookup_max) that ends at a position in
+    num_indexed .. len(token_ids) - 1, keyed by tuple(ngram) -> start of its earliest occurrence
+    (an n-gram already in the index keeps its earlier start). Returns len(token_ids)."""
+    for end in range(num_indexed, len(token_ids)):
+        for n in range(1, min(prompt_lookup_max, end + 1) + 1):
+            index.setdefault(tuple(token_ids[end - n + 1:end + 1]), end - n + 1)
+    return len(token_ids)
 
-    Try suffix lengths n from prompt_lookup_max down to prompt_lookup_min; the first n whose last-n
-    tokens also occur earlier (an occurrence that ends before the last token; overlaps allowed) wins,
-    and among its occurrences the earliest wins. Return the up to k tokens after that occurrence,
-    or [] when no n in [min, max] matches.
-    """
-    tokens, L = list(token_ids), len(token_ids)
+
+def propose_indexed(index: dict, token_ids: list[int], prompt_lookup_min: int, prompt_lookup_max: int,
+                    k: int) -> list[int]:
+    """vLLM's drafts for `token_ids`, read from an index that covers all of it."""
+    L = len(token_ids)
     for n in range(min(prompt_lookup_max, L - 1), prompt_lookup_min - 1, -1):
-        suffix = tokens[L - n:]
-        for start in range(L - n):  # every occurrence that ends before the last token
-            if tokens[start:start + n] == suffix:
-                return tokens[start + n:start + n + k]
+        start = index.get(tuple(token_ids[L - n:]))
+        if start is not None and start < L - n:  # the suffix itself is indexed: it must occur earlier
+            return list(token_ids[start + n:start + n + k])
     return []
