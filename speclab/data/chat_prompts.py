@@ -94,22 +94,25 @@ def _new_name(name: str) -> str | None:
     return snake if snake != name else name + "_v2"
 
 
+def _ask(instruction: str, code: str) -> list[dict]:
+    return _conversation(f"{instruction} Change nothing else; reply with the whole function.\n\n{_code(code)}")
+
+
 def _edit_records(funcs) -> list[dict]:
     out = []
     for node, fid, src in funcs:
         text = "".join(src)
         if node.args.args and not any(a.annotation for a in node.args.args) and not node.returns:
-            out.append({"id": fid, "task": "type_hints", "reference": None, "messages": _conversation(
-                f"Add type hints to this function. Change nothing else; reply with the whole function.\n\n{_code(text)}")})
+            out.append({"id": fid, "task": "type_hints", "reference": None,
+                        "messages": _ask("Add type hints to this function.", text)})
         new = _new_name(node.name)
         if new:
             out.append({"id": fid, "task": "rename", "reference": re.sub(rf"\b{node.name}\b", new, text),
-                        "messages": _conversation(f"Rename `{node.name}` to `{new}` everywhere in this code. Change "
-                                                  f"nothing else; reply with the whole function.\n\n{_code(text)}")})
+                        "messages": _ask(f"Rename `{node.name}` to `{new}` everywhere in this code.", text)})
         bare = _strip_docstring(node, src)
         if bare:
-            out.append({"id": fid, "task": "docstring", "reference": text, "messages": _conversation(
-                f"Add a docstring to this function. Change nothing else; reply with the whole function.\n\n{_code(bare)}")})
+            out.append({"id": fid, "task": "docstring", "reference": text,
+                        "messages": _ask("Add a docstring to this function.", bare)})
         buggy = _plant_bug(text)
         if buggy:
             out.append({"id": fid, "task": "fix_bug", "reference": text, "messages": _conversation(
