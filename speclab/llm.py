@@ -6,13 +6,15 @@
     print(outs[0].outputs[0].text)
 """
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from speclab.engine.llm_engine import LLMEngine
+from speclab.engine.config import EngineConfig
+from speclab.engine.llm_engine import LLMEngine, default_num_kv_blocks
 from speclab.metrics import prometheus_text
 from speclab.models.llama import LlamaForCausalLM, load_llama
 from speclab.proposers.draft_model import DraftModelProposer
@@ -54,6 +56,7 @@ class LLM:
     """Args:
         model: None (the embedded target), "target"/"draft", a checkpoint directory, or a hub id.
         tokenizer: a tokenizer directory if it is not the model's.
+        speculative_config: vLLM's keys (see speclab.spec_config), or None for plain decoding.
         block_size: tokens per KV block.
         num_kv_blocks: blocks in the pool; default: enough for max_num_seqs full-context requests,
             capped at kv_cache_gb.
@@ -61,6 +64,8 @@ class LLM:
         seed: the stream for requests without their own seed.
         dtype: weights and cache dtype.
         verifier: "torch", "triton" or "auto" (Triton kernels on a GPU); None reads SPECLAB_VERIFIER.
+
+    One `generate` call at a time: the engine is not re-entrant (a second thread gets a clear error).
     """
 
     def __init__(self, model=None, *, tokenizer=None, speculative_config: dict | None = None,
@@ -68,29 +73,33 @@ class LLM:
                  max_num_batched_tokens: int = 2048, max_num_seqs: int = 64, seed: int = 0,
                  dtype: torch.dtype = torch.float32, device: str = "cpu", verifier: str | None = None):
         spec = SpeculativeConfig.from_dict(speculative_config) if speculative_config is not None else None
+        k = spec.num_speculative_tokens if spec else 0
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating torch.dtype (torch.float32, torch.bfloat16, ...), got {dtype!r}")
+        if not isinstance(kv_cache_gb, (int, float)) or isinstance(kv_cache_gb, bool) or not kv_cache_gb > 0:
+            raise ValueError(f"kv_cache_gb must be a positive number, got {kv_cache_gb!r}")
+        EngineConfig(num_kv_blocks=num_kv_blocks or 1, block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
+                     max_num_seqs=max_num_seqs, seed=seed, verifier=verifier, num_speculative_tokens=k)  # fail before loading
         path = model_directory(model)
         self.model = load_llama(path, dtype=dtype, device=device)
         from transformers import AutoTokenizer
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_directory(tokenizer) if tokenizer else path))
-        cfg = self.model.config
         if num_kv_blocks is None:
-            full = -(-cfg.max_position_embeddings // block_size) * max_num_seqs
-            cap = int(kv_cache_gb * 2**30 // (self.model.kv_bytes_per_token() * block_size))
-            num_kv_blocks = max(1, min(full, cap))
+            num_kv_blocks = default_num_kv_blocks(self.model, block_size, max_num_seqs, kv_cache_gb)
+        config = EngineConfig(num_kv_blocks=num_kv_blocks, block_size=block_size,
+                              max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, seed=seed,
+                              verifier=verifier, num_speculative_tokens=k)
         proposer = None
         if spec is not None and spec.method == "ngram":
-            proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, spec.num_speculative_tokens)
+            proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, k)
         elif spec is not None:
             draft = self._load_draft(spec.model, dtype, device)
             proposer = DraftModelProposer(
-                draft, spec.num_speculative_tokens, block_size=block_size, sample_method=spec.draft_sample_method,
-                num_kv_blocks=DraftModelProposer.pool_blocks(num_kv_blocks, max_num_seqs, spec.num_speculative_tokens,
-                                                             block_size),
-                generator=torch.Generator().manual_seed(seed + 1))
+                draft, k, block_size=block_size, sample_method=spec.draft_sample_method,
+                num_kv_blocks=DraftModelProposer.pool_blocks(num_kv_blocks, max_num_seqs, k, block_size))
         self.speculative_config = spec
-        self.engine = LLMEngine(self.model, num_kv_blocks=num_kv_blocks, block_size=block_size,
-                                max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, seed=seed,
-                                verifier=verifier, proposer=proposer)
+        self.engine = LLMEngine(self.model, config, proposer=proposer)
+        self._lock = threading.Lock()
 
     def _load_draft(self, name, dtype, device) -> LlamaForCausalLM:
         """The draft model, refused unless it shares the target's vocabulary and tokenizer."""
@@ -114,9 +123,23 @@ class LLM:
         """The same counters in Prometheus' text format, under the `speclab:` prefix."""
         return prometheus_text(self.engine.stats)
 
+    def _prompt_ids(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        if isinstance(prompt, dict):
+            if set(prompt) != {"prompt_token_ids"}:
+                raise ValueError(f"a dict prompt takes exactly one key, 'prompt_token_ids'; got {sorted(prompt)}")
+            return prompt["prompt_token_ids"]
+        raise TypeError(f"a prompt is a string or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}: "
+                        f"wrap token ids as {{'prompt_token_ids': ids}}")
+
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Generate for a batch of prompts, in order.
+
+        Every prompt and parameter is checked before anything runs; if the call fails or is
+        interrupted, its requests are aborted (nothing of it runs inside a later call). A request
+        whose step failed (e.g. NaN logits) makes the call raise after the others have finished.
 
         Args:
             prompts: a string, a list of strings, or vLLM-style {"prompt_token_ids": [...]} dicts.
@@ -124,18 +147,28 @@ class LLM:
         """
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
-        params = sampling_params or SamplingParams()
-        params = params if isinstance(params, list) else [params] * len(prompts)
-        if len(params) != len(prompts):
+        if not isinstance(prompts, (list, tuple)):
+            raise TypeError(f"prompts must be a string, a dict or a list of them, got {type(prompts).__name__}")
+        params = SamplingParams() if sampling_params is None else sampling_params
+        if isinstance(params, (list, tuple)) and len(params) != len(prompts):
             raise ValueError(f"{len(params)} sampling_params for {len(prompts)} prompts: give one, or one per prompt")
-        requests = []
-        for prompt, p in zip(prompts, params):
-            ids = prompt["prompt_token_ids"] if isinstance(prompt, dict) else self.tokenizer.encode(prompt)
-            requests.append((prompt if isinstance(prompt, str) else None, self.engine.add_request(ids, p)))
-        bar = tqdm(total=len(requests), desc="generate", disable=not use_tqdm or len(requests) < 2)
-        while self.engine.has_unfinished():
-            bar.update(len(self.engine.step()))
-        bar.close()
-        return [RequestOutput(req.request_id, text, req.prompt_token_ids, [CompletionOutput(
-            0, self.tokenizer.decode(req.output_token_ids), list(req.output_token_ids), req.finish_reason)])
-            for text, req in requests]
+        ids = [self._prompt_ids(p) for p in prompts]
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError("LLM.generate is not re-entrant: another thread is generating with this LLM; "
+                               "wait for it, or give each thread its own LLM")
+        try:
+            bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm or len(ids) < 2)
+            requests = self.engine.generate(ids, list(params) if isinstance(params, (list, tuple)) else params,
+                                            on_finish=lambda done: bar.update(len(done)))
+            bar.close()
+        finally:
+            self._lock.release()
+        failed = [(i, r) for i, r in enumerate(requests) if r.finish_reason == "error"]
+        if failed:
+            i, r = failed[0]
+            raise RuntimeError(f"{len(failed)} of {len(requests)} requests failed; prompt {i}: {r.error} "
+                               f"(the others finished; this LLM remains usable)")
+        return [RequestOutput(req.request_id, text if isinstance(text, str) else None, req.prompt_token_ids,
+                              [CompletionOutput(0, self.tokenizer.decode(req.output_token_ids),
+                                                list(req.output_token_ids), req.finish_reason)])
+                for text, req in zip(prompts, requests)]

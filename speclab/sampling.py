@@ -12,6 +12,9 @@ import torch
 
 # Probabilities must sum to 1 within this tolerance (float32 sums over 128K entries drift ~1e-5).
 PROB_SUM_ATOL = 1e-3
+# Below this temperature sampling is greedy (vLLM's _SAMPLING_EPS): dividing logits by ~1e-37 would
+# overflow to inf, and the argmax is what such a temperature means anyway.
+SAMPLING_EPS = 1e-5
 
 
 def check_probs(probs: torch.Tensor, name: str = "probs") -> None:
@@ -78,7 +81,8 @@ def apply_top_p(logits: torch.Tensor, top_p) -> torch.Tensor:
         return logits.clone()
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     cum = sorted_logits.softmax(-1).cumsum(-1)  # (N, V) mass of the tokens ranked at or above each
-    drop_sorted = (cum - sorted_logits.softmax(-1)) >= p  # mass strictly above already reaches p
+    drop_sorted = ((cum - sorted_logits.softmax(-1)) >= p) & (p < 1)  # mass strictly above already reaches p
+    # (p < 1: a row with top_p = 1 keeps its whole tail even where float cumsums pass 1 in a mixed batch)
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 
@@ -91,7 +95,7 @@ def logits_to_probs(logits: torch.Tensor, temperature=1.0, top_k=0, top_p=1.0) -
 
     Args:
         logits: (..., V) raw logits.
-        temperature: float or (N,) floats; 0 means greedy (one-hot on the argmax).
+        temperature: float or (N,) floats; 0 (below SAMPLING_EPS) means greedy (one-hot on the argmax).
         top_k: int or (N,) ints; 0 or -1 disables.
         top_p: float or (N,) floats in (0, 1]; 1 disables.
     Returns:
@@ -106,7 +110,9 @@ def logits_to_probs(logits: torch.Tensor, temperature=1.0, top_k=0, top_p=1.0) -
     tp = _per_row(top_p, x)
     if bool(((tp <= 0) | (tp > 1)).any()):
         raise ValueError("top_p must be in (0, 1] (1 disables it)")
-    is_greedy = (t == 0)
+    if not bool(torch.isfinite(t).all()):
+        raise ValueError("temperature must be finite")
+    is_greedy = t < SAMPLING_EPS
     x = x / torch.where(is_greedy, torch.ones_like(t), t)
     x = apply_top_p(apply_top_k(x, top_k), top_p)
     probs = x.softmax(-1)
@@ -125,3 +131,38 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     """One token from each row of `probs`: (..., V) -> (...) int64, drawn with `generator`."""
     flat = probs.reshape(-1, probs.shape[-1])
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+# ----------------------------------------------------------------------------------------------
+# Randomness keyed by position: what makes a seeded request's output independent of batching
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    """One round of SplitMix64 (Steele et al., 2014): a well-mixed 64-bit function of x."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def position_key(seed: int, position: int) -> int:
+    """A 63-bit generator seed that depends on (seed, position) only (a counter-based stream)."""
+    return _splitmix64(_splitmix64(seed & _MASK64) ^ position) >> 1
+
+
+def keyed_noise(seed: int, positions, V: int, device="cpu") -> torch.Tensor:
+    """(len(positions), V) float32 Exp(1) rows; row i is a function of (seed, positions[i]) alone,
+    never of how many numbers were drawn before it."""
+    rows = torch.empty(len(positions), V, dtype=torch.float32)
+    for i, t in enumerate(positions):
+        rows[i].exponential_(generator=torch.Generator().manual_seed(position_key(seed, int(t))))
+    return rows.clamp_(min=torch.finfo(torch.float32).tiny).to(device)
+
+
+def keyed_sample(probs: torch.Tensor, seed: int, positions) -> torch.Tensor:
+    """Sample one token per row by the exponential race argmax_v p(v) / E(v) with E = keyed_noise:
+    (n, V) -> (n,) int64. Row i's token depends only on its probabilities, the seed and positions[i]."""
+    return (probs / keyed_noise(seed, positions, probs.shape[-1], probs.device)).argmax(-1)

@@ -60,7 +60,8 @@ class SpeculativeConfig:
             raise NotImplementedError(f"Unsupported speculative method: {self.method!r} (choose one of {METHODS})")
         if self.num_speculative_tokens is None:
             raise ValueError("num_speculative_tokens must be provided (the number of drafts per step, e.g. 4)")
-        if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens <= 0:
+        if isinstance(self.num_speculative_tokens, bool) or not isinstance(self.num_speculative_tokens, int) \
+                or self.num_speculative_tokens <= 0:
             raise ValueError(f"Expected num_speculative_tokens to be greater than zero ({self.num_speculative_tokens})")
         if self.draft_sample_method not in DRAFT_SAMPLE_METHODS:
             raise ValueError(f"draft_sample_method must be one of {DRAFT_SAMPLE_METHODS}, got {self.draft_sample_method!r}")
@@ -75,10 +76,12 @@ class SpeculativeConfig:
             raise ValueError("method 'ngram' takes no 'model': drafts come from the context itself")
         if self.prompt_lookup_max is None and self.prompt_lookup_min is None:
             self.prompt_lookup_max = self.prompt_lookup_min = 5  # vLLM's default when both are unset
-        self.prompt_lookup_max = self.prompt_lookup_max or self.prompt_lookup_min
-        self.prompt_lookup_min = self.prompt_lookup_min or self.prompt_lookup_max
+        if self.prompt_lookup_max is None:  # vLLM: one given, the other copies it
+            self.prompt_lookup_max = self.prompt_lookup_min
+        if self.prompt_lookup_min is None:
+            self.prompt_lookup_min = self.prompt_lookup_max
         for key in ("prompt_lookup_min", "prompt_lookup_max"):
-            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
+            if isinstance(getattr(self, key), bool) or not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise ValueError(f"{key} must be an integer >= 1, got {getattr(self, key)!r}")
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"prompt_lookup_min={self.prompt_lookup_min} must be <= "

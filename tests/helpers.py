@@ -58,3 +58,37 @@ def sample_batched(p, q, N: int, generator: torch.Generator, one_hot_drafts=None
         col = out[:, j]
         counts[j] = torch.bincount(col[col >= 0], minlength=V).numpy()
     return counts
+
+
+def tiny_llama(path, *, vocab_size: int, seed: int = 0, head_scale: float = 1.0, like=None, noise: float = 0.0,
+               **config):
+    """The one tiny random Hugging Face Llama of the tests, saved to `path`; returns the HF model.
+
+    Args:
+        vocab_size: the vocabulary (tests use small, non-power-of-two ones too).
+        seed: torch seed of the random weights.
+        head_scale: multiplies the output head (peaked distributions, like a trained LM's).
+        like: a model to copy instead, plus relative Gaussian `noise` (a stand-in for a draft
+            trained to imitate its target).
+        config: overrides of the small default LlamaConfig (hidden_size=32, 2 layers, GQA 4/2 heads, ...).
+    """
+    from transformers import LlamaConfig as HFLlamaConfig
+    from transformers import LlamaForCausalLM as HFLlama
+
+    torch.manual_seed(seed)
+    cfg = {"vocab_size": vocab_size, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, **config}
+    hf = HFLlama(HFLlamaConfig(**cfg)).eval()
+    with torch.no_grad():
+        if like is None:
+            hf.lm_head.weight.mul_(head_scale)
+        else:
+            for p, ref in zip(hf.parameters(), like.parameters()):
+                p.copy_(ref + noise * ref.std() * torch.randn_like(ref))
+    hf.save_pretrained(path)
+    return hf
+
+
+def run_engine(engine, prompts, params) -> list[list[int]]:
+    """Output token ids of `prompts` run to completion on `engine` (LLMEngine.generate)."""
+    return [r.output_token_ids for r in engine.generate(prompts, params)]

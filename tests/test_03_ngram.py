@@ -57,5 +57,5 @@ def test_engine_path_keeps_each_requests_context_incrementally():
             r.output_token_ids += rng.integers(0, 5, int(rng.integers(1, 4))).tolist()
         got = [prop.token_ids for prop in p.propose(reqs, [4, 2, 0])]
         assert got == [p.propose_tokens(reqs[0].all_token_ids, 4), p.propose_tokens(reqs[1].all_token_ids, 2), []]
-    p.on_reset(reqs[0])
+    p.remove([reqs[0].request_id])
     assert "0" not in p._contexts

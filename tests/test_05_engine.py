@@ -2,14 +2,13 @@
 
 import pytest
 import torch
-from transformers import LlamaConfig as HFLlamaConfig
-from transformers import LlamaForCausalLM as HFLlama
 
 from speclab.engine.llm_engine import LLMEngine
 from speclab.kv_cache import KVCacheManager
 from speclab.engine.batch import flatten
 from speclab.models.llama import LlamaConfig, load_llama
 from speclab.sampling_params import SamplingParams
+from tests.helpers import run_engine, tiny_llama
 
 V = 101  # not a power of two
 
@@ -17,13 +16,9 @@ V = 101  # not a power of two
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A random tiny Llama with GQA, saved as a Hugging Face checkpoint: (hf model, speclab model)."""
-    torch.manual_seed(0)
-    cfg = HFLlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                        rope_theta=500.0, tie_word_embeddings=False)
-    hf = HFLlama(cfg).eval()
     path = tmp_path_factory.mktemp("tiny")
-    hf.save_pretrained(path)
+    hf = tiny_llama(path, vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                    max_position_embeddings=128, rope_theta=500.0)
     return hf, load_llama(path)
 
 
@@ -90,11 +85,7 @@ def test_kv_after_rollback_and_reappend_equals_a_fresh_computation(tiny):
 
 
 def engine_generate(model, prompts, params, **kw):
-    eng = LLMEngine(model, **{"num_kv_blocks": 64, "block_size": 8, **kw})
-    reqs = [eng.add_request(p, params) for p in prompts]
-    while eng.has_unfinished():
-        eng.step()
-    return [r.output_token_ids for r in reqs]
+    return run_engine(LLMEngine(model, **{"num_kv_blocks": 64, "block_size": 8, "max_num_seqs": 4, **kw}), prompts, params)
 
 
 def hf_greedy(hf, prompt, n):
@@ -120,11 +111,9 @@ def test_small_pool_preempts_and_still_matches(tiny):
     prompts = [torch.randint(0, V, (10,), generator=g).tolist() for _ in range(3)]
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     eng = LLMEngine(ours, num_kv_blocks=7, block_size=4)  # 22 tokens need 6 blocks; two requests do not fit
-    reqs = [eng.add_request(p, params) for p in prompts]
-    while eng.has_unfinished():
-        eng.step()
+    outs = run_engine(eng, prompts, params)
     assert eng.scheduler.num_preemptions > 0
-    assert [r.output_token_ids for r in reqs] == [hf_greedy(hf, p, 12) for p in prompts]
+    assert outs == [hf_greedy(hf, p, 12) for p in prompts]
     assert eng.kv.num_free_blocks == 7
 
 
@@ -157,10 +146,8 @@ def test_seeded_requests_reproduce_alone_and_in_any_batch(tiny):
     other = SamplingParams(temperature=0.8, max_tokens=9, ignore_eos=True)
     alone = engine_generate(ours, [prompt], seeded)[0]
     eng = LLMEngine(ours, num_kv_blocks=64, block_size=8, seed=99)
-    reqs = [eng.add_request(p, s) for p, s in [([1, 2], other), (prompt, seeded), ([5] * 9, other)]]
-    while eng.has_unfinished():
-        eng.step()
-    assert reqs[1].output_token_ids == alone
+    outs = run_engine(eng, [[1, 2], prompt, [5] * 9], [other, seeded, other])
+    assert outs[1] == alone
     assert engine_generate(ours, [prompt], SamplingParams(temperature=1.0, max_tokens=20, seed=124,
                                                           ignore_eos=True))[0] != alone
 

@@ -8,8 +8,6 @@ three generated tokens computable: 512 sequences, scored by transformers' own fo
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig as HFLlamaConfig
-from transformers import LlamaForCausalLM as HFLlama
 
 from speclab import stats
 from speclab.engine.llm_engine import LLMEngine
@@ -19,32 +17,17 @@ from speclab.proposers.ngram import NgramProposer
 from speclab.sampling import logits_to_probs
 from speclab.sampling_params import SamplingParams
 from speclab.verify import rejection_sample
+from tests.helpers import run_engine, tiny_llama
 
 V, L, PROMPT = 8, 3, [1, 2, 3, 1, 2]
 SIGNIFICANCE = 1e-4
 
 
-def tiny_llama(path, seed, head_scale, like=None, noise=0.0):
-    """A tiny random Llama; with `like`, a copy of that model's weights plus relative Gaussian noise
-    (a stand-in for a draft trained to imitate the target)."""
-    torch.manual_seed(seed)
-    hf = HFLlama(HFLlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)).eval()
-    with torch.no_grad():
-        if like is None:
-            hf.lm_head.weight.mul_(head_scale)
-        else:
-            for p, ref in zip(hf.parameters(), like.parameters()):
-                p.copy_(ref + noise * ref.std() * torch.randn_like(ref))
-    hf.save_pretrained(path)
-    return hf
-
-
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("pair")
-    hf = tiny_llama(root / "target", 0, 12.0)
-    tiny_llama(root / "draft", 1, 12.0, like=hf, noise=0.5)
+    hf = tiny_llama(root / "target", vocab_size=V, seed=0, head_scale=12.0)
+    tiny_llama(root / "draft", vocab_size=V, seed=1, like=hf, noise=0.5)
     return hf, root / "target", root / "draft"
 
 
@@ -74,16 +57,16 @@ def draft_proposer(path, k, method="greedy"):
     return DraftModelProposer(load_llama(path), k, num_kv_blocks=4096, block_size=4, sample_method=method)
 
 
-def sample_joint(engine, n, seed0=0, temperature=1.0, top_p=1.0):
+def sample_joint(engine, n, seed0=0, temperature=1.0, top_p=1.0, seeded=True):
     """Counts of the first L generated tokens. Requests run to L + 2 tokens so that tokens 2..L come
-    from verifications with the full k = 2 drafts (near max_tokens the engine drafts fewer)."""
-    reqs = [engine.add_request(PROMPT, SamplingParams(temperature=temperature, top_p=top_p, max_tokens=L + 2,
-                                                      seed=seed0 + i, ignore_eos=True)) for i in range(n)]
-    while engine.has_unfinished():
-        engine.step()
+    from verifications with the full k = 2 drafts (near max_tokens the engine drafts fewer).
+    seeded: each request has its own seed (position-keyed sampling, drafts checked against the
+    target's samples); otherwise none has (Leviathan's rule on the engine's stream)."""
+    params = [SamplingParams(temperature=temperature, top_p=top_p, max_tokens=L + 2,
+                             seed=seed0 + i if seeded else None, ignore_eos=True) for i in range(n)]
     counts = np.zeros((V,) * L)
-    for r in reqs:
-        counts[tuple(r.output_token_ids[:L])] += 1
+    for out in run_engine(engine, [PROMPT] * n, params):
+        counts[tuple(out[:L])] += 1
     return counts
 
 
@@ -102,11 +85,8 @@ def test_greedy_speculative_equals_plain(pair, proposer, budget):
             "draft-probabilistic": lambda: draft_proposer(draft, 3, "probabilistic")}[proposer]
     outs = []
     for prop in (None, make()):
-        eng = make_engine(target, prop, max_num_batched_tokens=budget)
-        reqs = [eng.add_request(p, params) for p in prompts]
-        while eng.has_unfinished():
-            eng.step()
-        outs.append([r.output_token_ids for r in reqs])
+        eng = make_engine(target, prop, max_num_batched_tokens=budget, max_num_seqs=min(budget, 4096))
+        outs.append(run_engine(eng, prompts, params))
         if prop is not None:
             assert eng.stats.num_draft_tokens > 0 and eng.stats.num_accepted_tokens > 0
             assert eng.kv.num_free_blocks == eng.kv.pool.num_blocks  # every block came back
@@ -134,75 +114,118 @@ def assert_exact(counts, joint, label):
                                f"detects TV >= {stats.min_detectable_tv(N, cells):.3f}")
 
 
-@pytest.mark.parametrize("proposer", ["none", "ngram", "draft-greedy", "draft-probabilistic"])
-def test_sampled_outputs_follow_the_exact_target_law(pair, exact_joint, proposer):
+PROPOSERS = {"none": lambda d: None, "ngram": lambda d: NgramProposer(1, 2, 2),
+             "draft-greedy": lambda d: draft_proposer(d, 2),
+             "draft-probabilistic": lambda d: draft_proposer(d, 2, "probabilistic")}
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["leviathan-stream", "seeded-keyed"])
+@pytest.mark.parametrize("proposer", list(PROPOSERS))
+def test_sampled_outputs_follow_the_exact_target_law(pair, exact_joint, proposer, seeded):
+    """Both sampling paths: unseeded requests (Leviathan's accept/residual on the engine's stream)
+    and seeded ones (position-keyed samples, drafts checked against them)."""
     _, target, draft = pair
-    make = {"none": lambda: None, "ngram": lambda: NgramProposer(1, 2, 2),
-            "draft-greedy": lambda: draft_proposer(draft, 2),
-            "draft-probabilistic": lambda: draft_proposer(draft, 2, "probabilistic")}[proposer]
-    eng = make_engine(target, make())
-    counts = sample_joint(eng, N)
+    eng = make_engine(target, PROPOSERS[proposer](draft))
+    counts = sample_joint(eng, N, seeded=seeded)
     assert_exact(counts, exact_joint, proposer)
     if proposer != "none":  # the speculative path did real work
         assert eng.stats.num_accepted_tokens > (0.02 if proposer == "ngram" else 0.2) * N
 
 
-def test_top_p_outputs_follow_the_exact_top_p_law(pair):
+@pytest.mark.parametrize("seeded", [False, True], ids=["leviathan-stream", "seeded-keyed"])
+def test_top_p_outputs_follow_the_exact_top_p_law(pair, seeded):
     """top-p applied to target and draft alike: the output follows the target's nucleus law."""
     hf, target, draft = pair
     joint = joint_law(hf, top_p=0.8)
     assert (joint == 0).any()  # the nucleus really cuts tokens
     eng = make_engine(target, draft_proposer(draft, 2, "probabilistic"))
-    assert_exact(sample_joint(eng, N, top_p=0.8), joint, "top_p=0.8")
+    assert_exact(sample_joint(eng, N, top_p=0.8, seeded=seeded), joint, "top_p=0.8")
     assert eng.stats.num_accepted_tokens > 0.2 * N
 
 
 def test_speculative_and_direct_samples_agree_two_sample(pair):
     """The same claim without the exact law: speculative vs direct engine samples, two-sample chi2."""
     _, target, draft = pair
-    direct = sample_joint(make_engine(target), N, seed0=10_000)
-    spec = sample_joint(make_engine(target, draft_proposer(draft, 2, "probabilistic")), N, seed0=20_000)
+    direct = sample_joint(make_engine(target), N, seeded=False)
+    spec = sample_joint(make_engine(target, draft_proposer(draft, 2, "probabilistic"), seed=1), N, seeded=False)
     assert stats.chi2_two_sample(direct.ravel(), spec.ravel()) > SIGNIFICANCE
 
 
-def test_negative_control_bonus_by_argmax_fails(pair, exact_joint):
+def bonus_argmax(draft_ids, num, target_probs, draft_probs=None, **kw):
     """A classic bug (seen in a public course repo): the bonus token taken as argmax p_{k+1}, not sampled."""
+    out = rejection_sample(draft_ids, num, target_probs, draft_probs, **kw)
+    k = torch.as_tensor(num)
+    bonus_row = torch.cumsum(k + 1, 0) - 1
+    all_accepted = (out >= 0).sum(1) == k + 1
+    rows = torch.arange(len(k))[all_accepted]
+    out[rows, k[all_accepted]] = target_probs[bonus_row[all_accepted]].argmax(-1)
+    return out
+
+
+def test_negative_control_bonus_by_argmax_fails(pair, exact_joint):
     _, target, draft = pair
     eng = make_engine(target, draft_proposer(draft, 2, "probabilistic"))
-
-    def bonus_argmax(draft_ids, num, target_probs, draft_probs=None, **kw):
-        out = rejection_sample(draft_ids, num, target_probs, draft_probs, **kw)
-        k = torch.as_tensor(num)
-        bonus_row = torch.cumsum(k + 1, 0) - 1
-        all_accepted = (out >= 0).sum(1) == k + 1
-        rows = torch.arange(len(k))[all_accepted]
-        out[rows, k[all_accepted]] = target_probs[bonus_row[all_accepted]].argmax(-1)
-        return out
-
     eng.runner.verifier = bonus_argmax
-    counts = sample_joint(eng, N)
-    pv = stats.chi2_gof(counts.ravel(), exact_joint.ravel().numpy())
+    pv = stats.chi2_gof(sample_joint(eng, N, seeded=False).ravel(), exact_joint.ravel().numpy())
     assert pv < SIGNIFICANCE, f"the distribution test cannot see a bonus token taken by argmax (p={pv:.2e})"
 
 
-# ----------------------------------------------------------------------------------------------
-# Seeds and metrics
+def test_negative_control_one_key_per_step_fails(pair, exact_joint, monkeypatch):
+    """The seeded path's classic bug: keying the noise by the step (its first position) instead of
+    by each token's position, so all k + 1 samples of a verification share one noise row."""
+    import speclab.engine.model_runner as runner_module
+    from speclab.sampling import keyed_sample
 
-
-@pytest.mark.parametrize("make", [lambda d: NgramProposer(1, 3, 3), lambda d: draft_proposer(d, 3, "probabilistic")])
-def test_seeded_requests_reproduce_alone_and_in_a_batch(pair, make):
     _, target, draft = pair
-    seeded = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=20, seed=42, ignore_eos=True)
-    other = SamplingParams(temperature=0.7, max_tokens=11, ignore_eos=True)
-    eng = make_engine(target, make(draft))
-    alone = eng.add_request(PROMPT, seeded)
-    while eng.has_unfinished():
-        eng.step()
-    eng = make_engine(target, make(draft), seed=5)
-    batch = [eng.add_request(p, s) for p, s in [([4, 4, 4], other), (PROMPT, seeded), ([7], other)]]
-    while eng.has_unfinished():
-        eng.step()
-    assert batch[1].output_token_ids == alone.output_token_ids
+    monkeypatch.setattr(runner_module, "keyed_sample",
+                        lambda probs, seed, positions: keyed_sample(probs, seed, [positions[0]] * len(positions)))
+    eng = make_engine(target, draft_proposer(draft, 2, "probabilistic"))
+    pv = stats.chi2_gof(sample_joint(eng, N, seeded=True).ravel(), exact_joint.ravel().numpy())
+    assert pv < SIGNIFICANCE, f"the distribution test cannot see noise shared across a step's positions (p={pv:.2e})"
+
+
+# ----------------------------------------------------------------------------------------------
+# Seeds: the same seed gives the same output alone, in any batch, preempted, with drafts truncated
+
+SEED_PROPOSERS = {"none": lambda d: None, "ngram": lambda d: NgramProposer(1, 3, 3),
+                  "draft-greedy": lambda d: draft_proposer(d, 3),
+                  "draft-probabilistic": lambda d: draft_proposer(d, 3, "probabilistic")}
+
+
+@pytest.mark.parametrize("proposer", list(SEED_PROPOSERS))
+def test_seeded_requests_reproduce_alone_batched_preempted_and_truncated(pair, proposer):
+    """Adversarial schedules: a batch of other requests (seeded and not), a pool so small that
+    requests are preempted and recomputed, and a token budget that truncates drafts. Before
+    position-keyed sampling, up to 27 of 43 seeded requests changed under such schedules."""
+    _, target, draft = pair
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in (2, 5, 9, 3, 7, 4)]
+    seeded = [SamplingParams(temperature=1.0, top_p=0.95, max_tokens=24, seed=40 + i, ignore_eos=True)
+              for i in range(len(prompts))]
+    alone = [run_engine(make_engine(target, SEED_PROPOSERS[proposer](draft)), [p], sp)[0]
+             for p, sp in zip(prompts, seeded)]
+    other = SamplingParams(temperature=0.8, max_tokens=17, ignore_eos=True)
+    mixed_prompts = [x for p in prompts for x in (p, [1, 1, 2])]
+    mixed_params = [x for sp in seeded for x in (sp, other)]
+    schedules = {"batch": dict(seed=5), "tiny pool": dict(num_kv_blocks=24, seed=6),
+                 "budget truncates drafts": dict(max_num_batched_tokens=6, max_num_seqs=5, seed=7)}
+    for name, knobs in schedules.items():
+        eng = make_engine(target, SEED_PROPOSERS[proposer](draft), **knobs)
+        outs = run_engine(eng, mixed_prompts, mixed_params)[::2]
+        changed = [i for i, (a, b) in enumerate(zip(outs, alone)) if a != b]
+        assert not changed, f"{name}: seeded requests {changed} changed (vs alone) with {proposer} drafts"
+        if name == "tiny pool":
+            assert eng.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
+        assert eng.kv.num_free_blocks == eng.kv.pool.num_blocks
+
+
+def test_seeded_output_does_not_depend_on_the_drafter(pair):
+    """Drafter invariance: with a seed, what is drafted changes speed, never the tokens."""
+    _, target, draft = pair
+    params = SamplingParams(temperature=1.0, max_tokens=24, seed=9, ignore_eos=True)
+    outs = [run_engine(make_engine(target, make(draft)), [PROMPT, [3, 1]], params)
+            for make in SEED_PROPOSERS.values()]
+    assert all(o == outs[0] for o in outs)
 
 
 def test_metrics_count_every_verification(pair):
@@ -210,7 +233,7 @@ def test_metrics_count_every_verification(pair):
     eng = make_engine(target, draft_proposer(draft, 3))
     reqs = [eng.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))]
     steps = 0
-    while eng.has_unfinished():
+    while eng.has_unfinished():  # stepped by hand: the test counts steps
         eng.step()
         steps += 1
     m = eng.stats

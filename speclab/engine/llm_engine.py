@@ -1,111 +1,169 @@
-"""The engine loop: schedule -> run -> verify -> commit/rollback -> propose, until every request is finished.
+"""The engine loop: schedule -> run -> commit/rollback -> propose, until every request is finished.
 
 Speculation adds two things to plain decoding, not a second engine: a proposer that drafts the
-next step's tokens for every decoding request, and, after the runner's verification, a rollback of
-the target's cache by the number of rejected drafts.
+next step's tokens for every decoding request, and, in the scheduler's commit, a rollback of the
+target's cache past the rejected drafts. Ownership follows vLLM v1: the scheduler owns request
+state, the runner runs the model (and the proposer), the proposer only proposes.
+
+    engine = LLMEngine(model, num_kv_blocks=256, proposer=NgramProposer(1, 3, 4))
+    requests = engine.generate([[1, 2, 3], [4, 5]], SamplingParams(temperature=0, max_tokens=16))
 """
 
 import itertools
+import math
+import numbers
 
 import torch
 
+from speclab.engine.config import EngineConfig
 from speclab.engine.model_runner import ModelRunner
+from speclab.engine.proposer import Proposer
 from speclab.engine.request import Request
 from speclab.engine.scheduler import Scheduler
 from speclab.kv_cache import KVCacheManager
 from speclab.metrics import SpecDecodingStats
 from speclab.models.llama import LlamaForCausalLM
-from speclab.proposers.base import Proposer
 from speclab.sampling_params import SamplingParams
 
 
 class LLMEngine:
     """Args:
         model: speclab's Llama forward.
-        num_kv_blocks, block_size: the paged cache's size.
-        max_num_batched_tokens, max_num_seqs: the scheduler's limits.
-        seed: seeds the stream of requests that have no seed of their own.
-        verifier: "torch", "triton" or "auto"; None reads SPECLAB_VERIFIER (see speclab.backend).
+        config: an EngineConfig, or its fields as keyword arguments (num_kv_blocks, block_size,
+            max_num_batched_tokens, max_num_seqs, seed, verifier, num_lookahead_tokens).
         proposer: drafts tokens for decoding requests (None: plain decoding).
     """
 
-    def __init__(self, model: LlamaForCausalLM, *, num_kv_blocks: int, block_size: int = 16,
-                 max_num_batched_tokens: int = 1024, max_num_seqs: int = 64, seed: int = 0,
-                 verifier: str | None = None, proposer: Proposer | None = None):
+    def __init__(self, model: LlamaForCausalLM, config: EngineConfig | None = None, *,
+                 proposer: Proposer | None = None, **knobs):
+        if config is None:
+            knobs.setdefault("num_speculative_tokens", proposer.num_speculative_tokens if proposer else 0)
+            config = EngineConfig(**knobs)
+        elif knobs:
+            raise TypeError(f"pass either an EngineConfig or its fields, not both ({sorted(knobs)})")
         self.model = model
-        self.config = model.config
-        self.kv = KVCacheManager(num_kv_blocks, block_size)
-        self.scheduler = Scheduler(self.kv, max_num_batched_tokens, max_num_seqs)
-        self.runner = ModelRunner(model, self.kv, torch.Generator().manual_seed(seed), verifier)
-        self._ids = itertools.count()
+        self.config = config
         self.proposer = proposer
-        self.stats = SpecDecodingStats(proposer.num_speculative_tokens if proposer else 0)
+        self.max_model_len = model.config.max_position_embeddings
+        self.kv = KVCacheManager(config.num_kv_blocks, config.block_size)
+        self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs,
+                                   config.num_lookahead_tokens, model.config.eos_token_id,
+                                   config.num_speculative_tokens)
+        self.runner = ModelRunner(model, self.kv, torch.Generator().manual_seed(config.seed), config.verifier,
+                                  proposer)
+        if proposer is not None and getattr(proposer, "generator", False) is None:
+            proposer.generator = self.runner.generator  # one stream: no accidental correlation between two
+        self._ids = itertools.count()
         self.trace: list[tuple[str, list[int], list[int]]] | None = None  # set to [] to record steps
 
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> Request:
-        """Validate and queue one request; errors name the limit and the fix."""
-        if not prompt_token_ids:
+    @property
+    def stats(self) -> SpecDecodingStats:
+        """The spec-decode counters (the scheduler counts them as it commits)."""
+        return self.scheduler.stats
+
+    # ------------------------------------------------------------------------------------------
+    # requests in
+
+    def check_request(self, prompt_token_ids, params) -> list[int]:
+        """Validate one request without queueing it; returns the prompt as a list of ints.
+        Errors name the limit and the fix."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        params.validate()  # it may have been changed since it was made
+        if isinstance(prompt_token_ids, torch.Tensor):
+            prompt_token_ids = prompt_token_ids.tolist()
+        if isinstance(prompt_token_ids, (str, bytes)) or not hasattr(prompt_token_ids, "__iter__"):
+            raise TypeError(f"prompt_token_ids must be a list of ints, got {type(prompt_token_ids).__name__}")
+        ids = list(prompt_token_ids)
+        if not ids:
             raise ValueError("empty prompt: give at least one token")
-        V, max_len = self.config.vocab_size, self.config.max_position_embeddings
-        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= V:
-            raise ValueError(f"prompt token ids must be in [0, {V}) for this model's vocabulary")
-        total = len(prompt_token_ids) + params.max_tokens
-        if total > max_len:
-            raise ValueError(f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
-                             f"exceeds the model's context of {max_len} tokens: shorten the prompt or lower max_tokens")
-        need = self.kv.blocks_for(total + self.scheduler.num_lookahead_tokens)
+        bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None)
+        if bad is not None:
+            raise ValueError(f"prompt token ids must be integers, got {bad!r} ({type(bad).__name__}): "
+                             f"token ids are never rounded")
+        ids = [int(t) for t in ids]
+        V = self.model.config.vocab_size
+        if min(ids) < 0 or max(ids) >= V:
+            raise ValueError(f"prompt token ids must be in [0, {V}) for this model's vocabulary, "
+                             f"got {min(ids) if min(ids) < 0 else max(ids)}")
+        total = len(ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
+                             f"exceeds the model's context of {self.max_model_len} tokens: shorten the prompt or "
+                             f"lower max_tokens")
+        need = self.kv.blocks_for(total + self.config.num_lookahead_tokens)
         if need > self.kv.pool.num_blocks:
-            raise ValueError(f"a request of {total} tokens needs {need} KV blocks of {self.kv.block_size} tokens but "
-                             f"the pool has {self.kv.pool.num_blocks}: raise num_kv_blocks or lower max_tokens")
-        gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-        req = Request(str(next(self._ids)), list(prompt_token_ids), params, generator=gen)
-        self.scheduler.add(req)
+            raise ValueError(f"a request of {total} tokens needs {need} KV blocks of {self.kv.block_size} tokens "
+                             f"but the pool has {self.kv.pool.num_blocks}: raise num_kv_blocks or lower max_tokens")
+        return ids
+
+    def add_request(self, prompt_token_ids, params: SamplingParams) -> Request:
+        """Validate and queue one request. The request keeps its own copy of `params`."""
+        ids = self.check_request(prompt_token_ids, params)
+        req = Request(str(next(self._ids)), ids, params.clone())
+        self.scheduler.add_request(req)
         return req
+
+    def abort(self, request_ids) -> list[Request]:
+        """Cancel requests (by id): blocks freed, proposer state dropped, finish_reason "abort"."""
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        done = self.scheduler.finish_requests(ids, "abort")
+        self.runner.remove_requests([r.request_id for r in done])
+        return done
+
+    # ------------------------------------------------------------------------------------------
+    # the loop
 
     def step(self) -> list[Request]:
         """One forward over the scheduled batch. Returns the requests that finished."""
-        scheduled = self.scheduler.schedule()
-        if not scheduled:
-            raise RuntimeError("nothing could be scheduled: the KV pool is too small for any waiting request")
-        if self.proposer:
-            for req in self.scheduler.preempted:
-                self.proposer.on_reset(req)
-        self.scheduler.preempted.clear()
-        sampled = self.runner.execute(scheduled)
-        for s in scheduled:
-            req = s.request
-            req.num_computed_tokens += s.num_new_tokens
-            if req.request_id in sampled:
-                self._commit(req, s.num_spec_tokens, sampled[req.request_id])
-        finished = self.scheduler.finish_step(scheduled)
-        if self.proposer:
-            for req in finished:
-                self.proposer.on_reset(req)
-            self._propose()
-        return finished
-
-    def _commit(self, req: Request, k: int, tokens: list[int]) -> None:
-        """Keep the accepted drafts and the new token; roll the cache back past the rejected drafts."""
-        accepted = len(tokens) - 1
+        output = self.scheduler.schedule()
+        result = self.runner.execute(output)
         if self.trace is not None:  # (request id, drafts verified, tokens emitted): for lessons and debugging
-            self.trace.append((req.request_id, list(req.spec_token_ids[:k]), list(tokens)))
-        if k:
-            req.num_computed_tokens -= k - accepted  # the rejected drafts' KV is stale
-            self.kv.rollback(req.request_id, req.num_computed_tokens)
-            self.stats.observe(k, accepted)
-            self.proposer.on_verified(req, k, accepted)
-        req.spec_token_ids, req.spec_draft_probs = [], None
-        req.append_tokens(tokens, self.config.eos_token_id)
-
-    def _propose(self) -> None:
-        """Draft the next step's tokens for every request that is decoding (not mid-prefill)."""
-        decoding = [r for r in self.scheduler.running if r.num_computed_tokens == r.num_tokens - 1]
-        if not decoding:
-            return
-        k = self.proposer.num_speculative_tokens
-        limits = [min(k, r.params.max_tokens - len(r.output_token_ids) - 1) for r in decoding]
-        for req, proposal in zip(decoding, self.proposer.propose(decoding, limits)):
-            req.spec_token_ids, req.spec_draft_probs = proposal.token_ids, proposal.draft_probs
+            for s in output.scheduled:
+                if s.request.request_id in result.sampled:
+                    self.trace.append((s.request.request_id, s.request.spec_token_ids[:s.num_spec_tokens],
+                                       list(result.sampled[s.request.request_id])))
+        step = self.scheduler.update_from_output(output, result.sampled, result.errors)
+        self.runner.remove_requests([r.request_id for r in step.finished])
+        self.scheduler.update_draft_token_ids(self.runner.propose(step.decoding))
+        return step.finished
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams], on_finish=None) -> list[Request]:
+        """Run requests to completion: the one way to drive the engine (LLM, bench, lessons, tests).
+
+        Every prompt and parameter is checked before any request is queued. If anything raises
+        (a failed step, KeyboardInterrupt), exactly this call's requests are aborted (blocks freed,
+        proposer state dropped) before the exception propagates.
+
+        Args:
+            prompts: token id lists.
+            params: one SamplingParams for all, or one per prompt.
+            on_finish: called with each list of requests that finished in a step (progress bars).
+        Returns:
+            The requests, in order (finished: see each one's finish_reason).
+        """
+        params = params if isinstance(params, list) else [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts: give one, or one per prompt")
+        checked = [self.check_request(p, sp) for p, sp in zip(prompts, params)]
+        requests = []
+        try:
+            requests = [self.add_request(p, sp) for p, sp in zip(checked, params)]
+            while self.has_unfinished():
+                finished = self.step()
+                if on_finish is not None and finished:
+                    on_finish(finished)
+        except BaseException:
+            self.abort([r.request_id for r in requests])
+            raise
+        return requests
+
+
+def default_num_kv_blocks(model: LlamaForCausalLM, block_size: int, max_num_seqs: int, kv_cache_gb: float) -> int:
+    """Enough blocks for max_num_seqs full-context requests, capped at kv_cache_gb of cache."""
+    full = math.ceil(model.config.max_position_embeddings / block_size) * max_num_seqs
+    cap = int(kv_cache_gb * 2**30 // (model.kv_bytes_per_token() * block_size))
+    return max(1, min(full, cap))

@@ -1,4 +1,4 @@
-"""The model runner: scheduled requests -> one flattened forward -> verified tokens.
+"""The model runner: scheduled requests -> one flattened forward -> verified tokens -> next drafts.
 
 One step, for whatever mix of prefill chunks and decodes the scheduler chose:
   1. flatten: every request's new tokens concatenated, with positions, cache slots, block tables;
@@ -8,61 +8,94 @@ One step, for whatever mix of prefill chunks and decodes the scheduler chose:
   4. process them into probabilities (temperature, top-k, top-p per request);
   5. call `rejection_sample` for the whole batch. A request with no drafts is just a k = 0 row:
      plain sampling is the bonus token of an empty draft.
+After the scheduler has committed the step, `propose` asks the proposer for the next drafts.
+
+Randomness. Greedy requests draw nothing. Requests without a seed use Leviathan's rule with the
+engine's stream. A seeded request is sampled position by position first, each token by an
+exponential race whose noise is keyed by (seed, output position) (`speclab.sampling.keyed_sample`),
+and its drafts are then verified greedily against those samples: a draft is accepted iff it equals
+the target's own sample there. For one-hot drafts (n-gram, argmax drafters) this *is* the rejection
+rule (accepted with probability p(x); otherwise the race's winner is distributed as max(p - q, 0));
+its output is the target's sample at every position whatever was drafted, truncated or preempted
+(drafter invariance, Daliri et al. 2024). A probabilistic drafter samples with the same keys
+(Gumbel coupling), which keeps this invariance at an acceptance somewhat below sum min(p, q).
 """
+
+from dataclasses import dataclass, field
 
 import torch
 
 from speclab.backend import get_rejection_sampler
 from speclab.engine.batch import flatten
-from speclab.engine.scheduler import ScheduledRequest
+from speclab.engine.proposer import Proposer
+from speclab.engine.scheduler import ScheduledRequest, SchedulerOutput
 from speclab.kv_cache import KVCacheManager
 from speclab.models.llama import LlamaForCausalLM
-from speclab.sampling import logits_to_probs
+from speclab.sampling import keyed_sample, logits_to_probs
 from speclab.verify import PLACEHOLDER_TOKEN_ID, draw_noise, draw_uniforms
 
 
+@dataclass
+class ModelRunnerOutput:
+    """sampled: per request that sampled, its accepted drafts then one token; errors: per request
+    whose step could not be completed, why."""
+
+    sampled: dict[str, list[int]] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
 class ModelRunner:
-    """Owns the model and its cache tensors.
+    """Owns the model, its cache tensors and the proposer.
 
     Args:
         model: speclab's Llama forward.
-        kv: the block bookkeeping (shared with the scheduler).
+        kv: the block bookkeeping (the scheduler changes it; the runner only reads it).
         generator: the stream for requests without a seed.
         verifier: "torch", "triton" or "auto" (Triton on a GPU); None reads SPECLAB_VERIFIER.
+        proposer: drafts tokens for decoding requests (None: plain decoding).
     """
 
     def __init__(self, model: LlamaForCausalLM, kv: KVCacheManager, generator: torch.Generator,
-                 verifier: str | None = None):
+                 verifier: str | None = None, proposer: Proposer | None = None):
         self.model = model
         self.kv = kv
         self.generator = generator
         self.device = model.lm_head.weight.device
         self.kv_caches = model.allocate_kv_cache(kv.pool.num_blocks, kv.block_size)
         self.verifier = get_rejection_sampler(verifier)
+        self.proposer = proposer
 
-    def build_batch(self, scheduled: list[ScheduledRequest]):
-        """Flatten the scheduled tokens (the request's known tokens, then its drafts)."""
-        chunks = [(s.request.request_id,
-                   (s.request.all_token_ids + s.request.spec_token_ids)[s.start:s.start + s.num_new_tokens], s.start)
-                  for s in scheduled]
-        return flatten(self.kv, chunks, self.device)
-
-    def execute(self, scheduled: list[ScheduledRequest]) -> dict[str, list[int]]:
-        """Run one step. Returns, for each request that samples, its accepted drafts + one token."""
-        input_ids, meta = self.build_batch(scheduled)
+    def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step: forward, then verification for every request that samples."""
+        if self.proposer and output.preempted_req_ids:
+            self.proposer.remove(output.preempted_req_ids)  # the target's cache of them is gone
+        scheduled = output.scheduled
+        input_ids, meta = flatten(self.kv, [(s.request.request_id, s.token_ids, s.start) for s in scheduled],
+                                  self.device)
         hidden, _ = self.model(input_ids, meta, self.kv_caches)  # (N, D)
-        sampling = [s for s in scheduled if s.samples]
-        if not sampling:
-            return {}
-        rows = []
+        result = ModelRunnerOutput()
+        sampling, rows = [], []
         for i, s in enumerate(scheduled):  # the last 1 + k rows of each sampling request
             if s.samples:
                 end = meta.query_start_loc[i + 1]
-                rows += range(end - 1 - s.num_spec_tokens, end)
-        logits = self.model.compute_logits(hidden[rows])  # (T + B, V)
-        out = self.verify(sampling, logits)
-        return {s.request.request_id: row[row != PLACEHOLDER_TOKEN_ID].tolist()
-                for s, row in zip(sampling, out.cpu())}
+                sampling.append(s)
+                rows.append(torch.arange(end - 1 - s.num_spec_tokens, end))
+        if not sampling:
+            return result
+        logits = self.model.compute_logits(hidden[torch.cat(rows).to(self.device)])  # (T + B, V)
+        finite = torch.isfinite(logits).all(-1).split([s.num_spec_tokens + 1 for s in sampling])
+        ok = [i for i, f in enumerate(finite) if bool(f.all())]
+        for i in sorted(set(range(len(sampling))) - set(ok)):
+            result.errors[sampling[i].request.request_id] = "the model produced NaN or inf logits"
+        if len(ok) < len(sampling):
+            keep = torch.cat([torch.arange(len(f)) + sum(len(g) for g in finite[:i])
+                              for i, f in enumerate(finite) if i in ok] or [torch.empty(0, dtype=torch.long)])
+            sampling, logits = [sampling[i] for i in ok], logits[keep.to(self.device)]
+        if sampling:
+            out = self.verify(sampling, logits).cpu()
+            result.sampled = {s.request.request_id: row[row != PLACEHOLDER_TOKEN_ID].tolist()
+                              for s, row in zip(sampling, out)}
+        return result
 
     def verify(self, sampling: list[ScheduledRequest], logits: torch.Tensor) -> torch.Tensor:
         """Process logits per request and verify every request's drafts (k = 0 allowed) at once."""
@@ -70,24 +103,49 @@ class ModelRunner:
         params = [s.request.params for s in sampling]
         per_row = lambda f: torch.tensor([f(p) for p, k in zip(params, ks) for _ in range(k + 1)])  # noqa: E731
         probs = logits_to_probs(logits, per_row(lambda p: p.temperature), per_row(lambda p: p.top_k),
-                                per_row(lambda p: p.top_p))
+                                per_row(lambda p: p.top_p))  # (T + B, V)
         drafts = [t for s in sampling for t in s.request.spec_token_ids[:s.num_spec_tokens]]
         q = [s.request.spec_draft_probs[:s.num_spec_tokens] for s in sampling
              if s.num_spec_tokens and s.request.spec_draft_probs is not None]
-        draft_probs = torch.cat(q).to(self.device) if q else None  # (T, V) or one-hot drafts
         if q and len(q) != sum(1 for k in ks if k):
             raise RuntimeError("some requests' drafts carry q and others do not: one proposer drafts for all")
-        greedy = torch.tensor([p.greedy for p in params])
-        V = logits.shape[-1]
-        uniforms, noise = [], []
-        for s, k in zip(sampling, ks):  # each request draws from its own stream: seeds survive batching
-            if s.request.params.greedy:  # greedy rows use argmax only: draw nothing, pass placeholders
-                uniforms.append(torch.full((k,), 0.5, dtype=torch.float64))
-                noise.append(torch.ones(1, V))
-                continue
-            g = s.request.generator or self.generator
-            uniforms.append(draw_uniforms(k, g, "cpu"))
-            noise.append(draw_noise(1, V, g, "cpu"))
+        draft_probs = torch.cat(q).to(self.device) if q else None  # (T, V) or one-hot drafts
+        greedy = torch.tensor([p.greedy or p.seed is not None for p in params])
+        start = 0
+        for s, k, p in zip(sampling, ks, params):  # seeded: sample each position with keyed noise first
+            if p.seed is not None and not p.greedy:
+                y = keyed_sample(probs[start:start + k + 1], p.seed, range(s.num_output_tokens, s.num_output_tokens + k + 1))
+                probs[start:start + k + 1] = torch.nn.functional.one_hot(y, probs.shape[-1]).to(probs.dtype)
+            start += k + 1
+        uniforms, noise = self._draw(ks, ~greedy, probs.shape[-1])
         return self.verifier(torch.tensor(drafts, dtype=torch.long, device=self.device), ks, probs, draft_probs,
-                             greedy=greedy.to(self.device), uniforms=torch.cat(uniforms).to(self.device),
-                             noise=torch.cat(noise).to(self.device))
+                             greedy=greedy.to(self.device), uniforms=uniforms, noise=noise)
+
+    def _draw(self, ks: list[int], random: torch.Tensor, V: int):
+        """Uniforms (T,) and noise (B, V) from the engine's stream for the random rows; placeholders
+        (never read) for greedy and seeded rows, which must not advance the stream."""
+        k = torch.tensor(ks)
+        uniforms = torch.full((int(k.sum()),), 0.5, dtype=torch.float64)
+        noise = torch.ones(len(ks), V)
+        if bool(random.any()):
+            per_token = random.repeat_interleave(k)
+            uniforms[per_token] = draw_uniforms(int(per_token.sum()), self.generator, "cpu")
+            noise[random] = draw_noise(int(random.sum()), V, self.generator, "cpu")
+        return uniforms.to(self.device), noise.to(self.device)
+
+    # ------------------------------------------------------------------------------------------
+    # drafting
+
+    def propose(self, requests) -> dict[str, tuple[list[int], torch.Tensor | None]]:
+        """Drafts for the next step of requests that sampled this step and are still running."""
+        if not self.proposer or not requests:
+            return {}
+        k = self.proposer.num_speculative_tokens
+        limits = [max(0, min(k, r.params.max_tokens - len(r.output_token_ids) - 1)) for r in requests]
+        proposals = self.proposer.propose(requests, limits)
+        return {r.request_id: (p.token_ids[:n], None if p.draft_probs is None else p.draft_probs[:n])
+                for r, p, n in zip(requests, proposals, limits)}
+
+    def remove_requests(self, request_ids: list[str]) -> None:
+        if self.proposer and request_ids:
+            self.proposer.remove(request_ids)

@@ -1,4 +1,8 @@
-"""A request as the engine tracks it: its tokens, how many have KV in the cache, its drafts."""
+"""A request as the engine tracks it: its tokens, how many have KV in the cache, its drafts.
+
+Only the scheduler changes a request's state (vLLM v1's ownership): it admits, preempts, commits
+each step's tokens, rolls `num_computed_tokens` back past rejected drafts, and finishes it.
+"""
 
 import enum
 from dataclasses import dataclass, field
@@ -14,6 +18,9 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
 @dataclass
 class Request:
     """One prompt being generated.
@@ -23,19 +30,19 @@ class Request:
             (the last sampled token, the rest of a chunked prompt) are fed at the next step.
         spec_token_ids: drafts proposed for the next step, verified by the target then.
         spec_draft_probs: (k, V) q rows of those drafts, or None when they are one-hot (argmax/n-gram).
-        generator: the request's own random stream when it has a seed.
+        finish_reason: "stop", "length", "abort" (cancelled) or "error" (see `error`).
     """
 
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
-    generator: torch.Generator | None = None
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     spec_token_ids: list[int] = field(default_factory=list)
     spec_draft_probs: torch.Tensor | None = None
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
+    error: str | None = None
     num_preemptions: int = 0
 
     @property
@@ -50,6 +57,11 @@ class Request:
     def is_finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
 
+    @property
+    def is_decoding(self) -> bool:
+        """All known tokens but the last one are in the cache: the next step samples."""
+        return self.num_computed_tokens == self.num_tokens - 1
+
     def append_tokens(self, tokens: list[int], eos_token_id: int | None) -> None:
         """Append sampled tokens, stopping at a stop token, EOS or max_tokens."""
         p = self.params
@@ -62,6 +74,8 @@ class Request:
                 self.finish("length")
                 return
 
-    def finish(self, reason: str) -> None:
-        self.status, self.finish_reason = RequestStatus.FINISHED, reason
+    def finish(self, reason: str, error: str | None = None) -> None:
+        if reason not in FINISH_REASONS:
+            raise ValueError(f"unknown finish reason {reason!r}: one of {FINISH_REASONS}")
+        self.status, self.finish_reason, self.error = RequestStatus.FINISHED, reason, error
         self.spec_token_ids, self.spec_draft_probs = [], None

@@ -1,12 +1,21 @@
-"""Continuous batching under a token budget, with chunked prefill and preemption.
+"""Continuous batching under a token budget, with chunked prefill and preemption. Owns request state.
 
 Every step the scheduler picks, for each request, how many of its not-yet-computed tokens to run:
-a decoding request runs 1 token plus its drafts (1 + k), a prefilling request runs as much of its
-prompt as the token budget allows (chunked prefill). Running requests go first, then waiting ones
-are admitted. It also makes sure each scheduled request has cache blocks for its new tokens (plus
-the drafter's lookahead slots); when the pool runs dry it *preempts* the most recently admitted
-request: frees its blocks and puts it back at the head of the waiting queue, to be recomputed
-from its tokens later (vLLM v1's recompute preemption).
+a decoding request runs 1 token plus its drafts (1 + k, fewer when the budget runs out: the drafts
+are truncated), a prefilling request runs as much of its prompt as the budget allows (chunked
+prefill). Running requests go first, then waiting ones are admitted. Each scheduled request gets
+cache blocks for its new tokens plus `num_lookahead_tokens` slots for a drafter that writes into
+the target's block tables (EAGLE/MTP heads); when the pool runs dry the most recently admitted
+request is *preempted*: its blocks are freed and it goes back to the head of the waiting queue, to
+be recomputed from its tokens later (vLLM v1's recompute preemption).
+
+As in vLLM v1 (and nano-vllm), the scheduler is the one writer of request state:
+  schedule()               -> SchedulerOutput: who runs, how many tokens, who was preempted
+  update_from_output(...)  applies the step's result: num_computed_tokens moves forward by the
+                           scheduled tokens and back by the rejected drafts, the cache rolls back,
+                           tokens are appended, stops are checked, finished requests are freed
+  update_draft_token_ids   stores the proposer's drafts for the next step
+  finish_requests(...)     aborts requests (blocks freed at once)
 """
 
 from collections import deque
@@ -14,6 +23,7 @@ from dataclasses import dataclass, field
 
 from speclab.engine.request import Request, RequestStatus
 from speclab.kv_cache import KVCacheManager
+from speclab.metrics import SpecDecodingStats
 
 
 @dataclass
@@ -22,8 +32,10 @@ class ScheduledRequest:
 
     Attributes (fixed when scheduled, before the step changes the request):
         start: the request's num_computed_tokens at scheduling time.
-        num_spec_tokens: drafts among the new tokens (0 unless the chunk runs past the known tokens).
+        num_spec_tokens: drafts among the new tokens (fewer than proposed when the budget truncates them).
         samples: whether the step yields tokens for the request (its chunk reaches the known end).
+        num_output_tokens: the request's generated tokens so far: row j of its verification decides
+            output position num_output_tokens + j (what keys a seeded request's randomness).
     """
 
     request: Request
@@ -31,6 +43,7 @@ class ScheduledRequest:
     start: int = field(init=False)
     num_spec_tokens: int = field(init=False)
     samples: bool = field(init=False)
+    num_output_tokens: int = field(init=False)
 
     def __post_init__(self):
         req = self.request
@@ -38,46 +51,76 @@ class ScheduledRequest:
         end = self.start + self.num_new_tokens
         self.num_spec_tokens = max(0, end - req.num_tokens)
         self.samples = end >= req.num_tokens
+        self.num_output_tokens = len(req.output_token_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The tokens this step feeds: known tokens, then drafts."""
+        req, end = self.request, self.start + self.num_new_tokens
+        known = req.all_token_ids[self.start:end]
+        return known + req.spec_token_ids[:end - self.start - len(known)]
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest]
+    preempted_req_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StepResult:
+    """What a step changed. finished: requests that ended (stop, length, error); decoding: requests
+    that sampled this step and are still running (they get new drafts)."""
+
+    finished: list[Request] = field(default_factory=list)
+    decoding: list[Request] = field(default_factory=list)
 
 
 class Scheduler:
     """Args:
-        kv: the block bookkeeping.
+        kv: the target's block bookkeeping (only the scheduler changes it).
         max_num_batched_tokens: token budget of one forward.
         max_num_seqs: requests running at once.
         num_lookahead_tokens: extra slots each decoding request reserves for a drafter.
+        eos_token_id: the model's end-of-sequence token (a stop unless ignore_eos).
+        num_speculative_tokens: k, for the spec-decode counters.
     """
 
     def __init__(self, kv: KVCacheManager, max_num_batched_tokens: int, max_num_seqs: int,
-                 num_lookahead_tokens: int = 0):
+                 num_lookahead_tokens: int = 0, eos_token_id: int | None = None, num_speculative_tokens: int = 0):
         self.kv = kv
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.num_lookahead_tokens = num_lookahead_tokens
+        self.eos_token_id = eos_token_id
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}  # every unfinished request, by id
         self.num_preemptions = 0
-        self.preempted: list[Request] = []  # since the engine last looked (it resets drafters' state)
+        self.stats = SpecDecodingStats(num_speculative_tokens)
 
-    def add(self, req: Request) -> None:
+    def add_request(self, req: Request) -> None:
         self.waiting.append(req)
+        self.requests[req.request_id] = req
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.requests)
 
-    def schedule(self) -> list[ScheduledRequest]:
-        budget, out = self.max_num_batched_tokens, []
-        preemptions = self.num_preemptions
+    # ------------------------------------------------------------------------------------------
+    # schedule
+
+    def schedule(self) -> SchedulerOutput:
+        budget, out = self.max_num_batched_tokens, SchedulerOutput([])
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens + len(req.spec_token_ids) - req.num_computed_tokens, budget)
-            if not self._reserve(req, n):
+            if not self._reserve(req, n, out.preempted_req_ids):
                 continue  # req itself was preempted; self.running shrank
-            out.append(ScheduledRequest(req, n))
+            out.scheduled.append(ScheduledRequest(req, n))
             budget -= n
             i += 1
-        if self.num_preemptions > preemptions:
+        if out.preempted_req_ids:
             return out  # the pool is full: admitting anyone now would only be preempted again
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
@@ -88,15 +131,17 @@ class Scheduler:
             self.kv.allocate(req.request_id, req.num_computed_tokens, n, self._lookahead(req, n))
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            out.append(ScheduledRequest(req, n))
+            out.scheduled.append(ScheduledRequest(req, n))
             budget -= n
+        if not out.scheduled and self.requests:
+            raise RuntimeError("nothing could be scheduled: the KV pool is too small for any waiting request")
         return out
 
     def _lookahead(self, req: Request, n: int) -> int:
         reaches_end = req.num_computed_tokens + n >= req.num_tokens
         return self.num_lookahead_tokens if reaches_end else 0
 
-    def _reserve(self, req: Request, n: int) -> bool:
+    def _reserve(self, req: Request, n: int, preempted: list[str]) -> bool:
         """Allocate blocks for req's n new tokens, preempting later requests if needed."""
         need = req.num_computed_tokens + n + self._lookahead(req, n)
         while not self.kv.can_fit(req.request_id, need):
@@ -105,6 +150,7 @@ class Scheduler:
                 raise RuntimeError(f"request {req.request_id} needs {self.kv.blocks_for(need)} KV blocks and the "
                                    f"pool has {self.kv.pool.num_blocks}: raise num_kv_blocks")
             self._preempt(victim)
+            preempted.append(victim.request_id)
             if victim is req:
                 return False
         self.kv.allocate(req.request_id, req.num_computed_tokens, n, self._lookahead(req, n))
@@ -118,13 +164,74 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
         self.num_preemptions += 1
-        self.preempted.append(req)
         self.waiting.appendleft(req)
 
-    def finish_step(self, scheduled: list[ScheduledRequest]) -> list[Request]:
-        """Drop finished requests (freeing their blocks); return them."""
-        done = [s.request for s in scheduled if s.request.is_finished]
-        for req in done:
-            self.running.remove(req)
-            self.kv.free(req.request_id)
+    # ------------------------------------------------------------------------------------------
+    # apply a step's result
+
+    def update_from_output(self, output: SchedulerOutput, sampled: dict[str, list[int]],
+                           errors: dict[str, str] | None = None) -> StepResult:
+        """Commit one step.
+
+        Args:
+            output: what `schedule` returned for this step.
+            sampled: per request that sampled, its accepted drafts followed by one new token.
+            errors: per request whose step failed (non-finite logits, ...), the reason; it is finished
+                with finish_reason "error".
+        """
+        result = StepResult()
+        for s in output.scheduled:
+            req = s.request
+            if req.is_finished:  # aborted while the step ran
+                continue
+            req.num_computed_tokens += s.num_new_tokens
+            if errors and req.request_id in errors:
+                req.finish("error", errors[req.request_id])
+            elif req.request_id in sampled:
+                self._commit(req, s.num_spec_tokens, sampled[req.request_id])
+            if req.is_finished:
+                self._free(req)
+                result.finished.append(req)
+            elif s.samples:
+                result.decoding.append(req)
+        return result
+
+    def _commit(self, req: Request, k: int, tokens: list[int]) -> None:
+        """Keep the accepted drafts and the new token; roll the cache back past the rejected drafts."""
+        accepted = len(tokens) - 1
+        if not 0 <= accepted <= k:
+            raise RuntimeError(f"request {req.request_id}: {len(tokens)} tokens back from verifying {k} drafts")
+        if k:
+            req.num_computed_tokens -= k - accepted  # the rejected drafts' KV is stale
+            self.kv.rollback(req.request_id, req.num_computed_tokens)
+            self.stats.observe(k, accepted)
+        req.spec_token_ids, req.spec_draft_probs = [], None
+        req.append_tokens(tokens, self.eos_token_id)
+
+    def update_draft_token_ids(self, drafts: dict[str, tuple[list[int], object]]) -> None:
+        """Store each request's drafts (token ids, q rows or None) for its next step."""
+        for rid, (token_ids, draft_probs) in drafts.items():
+            req = self.requests.get(rid)
+            if req is not None and req.status == RequestStatus.RUNNING:
+                req.spec_token_ids, req.spec_draft_probs = list(token_ids), draft_probs
+
+    def finish_requests(self, request_ids, reason: str = "abort") -> list[Request]:
+        """Finish (abort) unfinished requests now: blocks freed, nothing more scheduled. Unknown or
+        already finished ids are ignored. Returns the requests finished here."""
+        done = []
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is None:
+                continue
+            if req.status == RequestStatus.WAITING:
+                self.waiting.remove(req)
+            req.finish(reason)
+            self._free(req)
+            done.append(req)
         return done
+
+    def _free(self, req: Request) -> None:
+        if req in self.running:
+            self.running.remove(req)
+        self.kv.free(req.request_id)
+        self.requests.pop(req.request_id, None)

@@ -1,17 +1,22 @@
 """Draft-model proposer: a smaller LM with the target's tokenizer drafts k tokens per step.
 
 Leviathan et al. (2023) and Chen et al. (2023). The draft runs in the same engine, on speclab's
-paged-KV Llama forward, with a KV cache of its own that is rolled back in step with the target's.
-For a request with committed tokens T (length L) the draft:
-  1. catches up: one forward over T[computed:L] (the prompt at first, then the 1-2 tokens the
-     last verification committed), whose last row gives q_1 and draft d_1;
-  2. runs k - 1 single-token forwards on d_1 .. d_{k-1}, giving q_2 .. q_k and d_2 .. d_k.
-Its cache then holds T and d_1..d_{k-1}. After the target accepts a drafts, the draft's KV of
-the accepted ones is still valid: its computed count becomes L + min(a, k - 1), the rest rolls back.
+paged-KV Llama forward, with a KV cache of its own. For a request with committed tokens T
+(length L) the draft:
+  1. reconciles: its cache may hold drafts the target rejected, or never verified (the token
+     budget truncated them); only positions below L - 1 are certain to hold committed tokens
+     (accepted drafts equal them), so it keeps min(computed, L - 1) and rolls the rest back;
+  2. catches up: one forward over T[computed:L] (never empty: it holds at least the newest token),
+     whose last row gives q_1 and draft d_1;
+  3. runs k - 1 single-token forwards on d_1 .. d_{k-1}, giving q_2 .. q_k and d_2 .. d_k.
+It drafts only for the requests the runner hands it (those that sampled this step), so a request
+left out of a step keeps both its drafts and the draft cache that made them.
 
 Drafts are the argmax of q ("greedy", q treated as one-hot by the verifier, as vLLM does) or
 sampled from q ("probabilistic", q kept for verification: more accepted tokens at temperature > 0).
-Both are exact. Requests are drafted together, one batched forward per draft position.
+A seeded request's drafts are sampled with the same position-keyed noise the runner samples the
+target with (Gumbel coupling; see model_runner.py). All are exact. Requests are drafted together,
+one batched forward per draft position.
 """
 
 import math
@@ -19,11 +24,13 @@ import math
 import torch
 
 from speclab.engine.batch import flatten
+from speclab.engine.proposer import Proposal, Proposer
 from speclab.engine.request import Request
 from speclab.kv_cache import KVCacheManager, NoFreeBlocksError
 from speclab.models.llama import LlamaForCausalLM
-from speclab.proposers.base import Proposal, Proposer
-from speclab.sampling import logits_to_probs
+from speclab.sampling import keyed_sample, logits_to_probs
+
+SAMPLE_METHODS = ("greedy", "probabilistic")
 
 
 class DraftModelProposer(Proposer):
@@ -32,34 +39,37 @@ class DraftModelProposer(Proposer):
         num_speculative_tokens: k.
         num_kv_blocks, block_size: the draft's own paged cache.
         sample_method: "greedy" or "probabilistic".
-        generator: the stream for requests without a seed.
+        generator: the stream for requests without a seed; None (the default): the engine's own
+            stream, shared with verification. (Two generators seeded alike would correlate the draft's
+            samples with the verifier's uniforms and bias the output.)
     """
 
     def __init__(self, model: LlamaForCausalLM, num_speculative_tokens: int, *, num_kv_blocks: int,
                  block_size: int, sample_method: str = "greedy", generator: torch.Generator | None = None):
+        if sample_method not in SAMPLE_METHODS:
+            raise ValueError(f"sample_method must be one of {SAMPLE_METHODS}, got {sample_method!r}")
+        if not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be an integer > 0, got {num_speculative_tokens!r}")
         self.model = model
         self.num_speculative_tokens = num_speculative_tokens
         self.kv = KVCacheManager(num_kv_blocks, block_size)
         self.caches = model.allocate_kv_cache(num_kv_blocks, block_size)
         self.sample_method = sample_method
-        self.generator = generator or torch.Generator().manual_seed(0)
+        self.generator = generator  # None until the engine hands over its stream
         self.device = model.lm_head.weight.device
         self.computed: dict[str, int] = {}  # request id -> tokens whose KV the draft holds
 
     def propose(self, requests: list[Request], max_drafts: list[int]) -> list[Proposal]:
         active = [(r, k) for r, k in zip(requests, max_drafts) if k > 0]
-        want = {r.request_id: k for r, k in active}
-        drafts: dict[str, list[int]] = {r.request_id: [] for r, _ in active}
-        probs: dict[str, list[torch.Tensor]] = {r.request_id: [] for r, _ in active}
-        chunks = []  # step 1: catch up on the committed tokens
-        for r, _ in active:
-            start = self.computed.get(r.request_id, 0)
-            chunks.append((r, r.all_token_ids[start:], start))
+        drafts = {r.request_id: [] for r, _ in active}
+        probs = {r.request_id: [] for r, _ in active}
+        chunks = [(r, r.all_token_ids[start:], start) for r, start in ((r, self._reconcile(r)) for r, _ in active)]
+        want = dict((r.request_id, k) for r, k in active)
         for i in range(max((k for _, k in active), default=0)):
             logits = self._forward(chunks)  # (len(chunks), V): the last row of each chunk
             nxt = []
-            for (r, _, start), row in zip(chunks, logits):
-                token, q = self._draft_one(r, row)
+            for (r, _, _), row in zip(chunks, logits):
+                token, q = self._draft_one(r, row, len(r.output_token_ids) + i)
                 drafts[r.request_id].append(token)
                 probs[r.request_id].append(q)
                 if i + 1 < want[r.request_id]:  # feed the draft back for the next position
@@ -74,9 +84,19 @@ class DraftModelProposer(Proposer):
             out.append(Proposal(drafts[r.request_id], q))
         return out
 
+    def _reconcile(self, r: Request) -> int:
+        """Drop cached positions that may not hold committed tokens; return where the catch-up starts."""
+        start = min(self.computed.get(r.request_id, 0), r.num_tokens - 1)
+        if r.request_id in self.kv.block_tables:
+            self.kv.rollback(r.request_id, start)
+        self.computed[r.request_id] = start
+        return start
+
     def _forward(self, chunks) -> torch.Tensor:
         """One batched draft forward over (request, tokens, start) chunks; returns each chunk's last logits."""
         for r, tokens, start in chunks:
+            if not tokens:
+                raise RuntimeError(f"request {r.request_id}: empty draft chunk at position {start} (stale draft state)")
             try:
                 self.kv.allocate(r.request_id, start, len(tokens))
             except NoFreeBlocksError as err:
@@ -84,29 +104,26 @@ class DraftModelProposer(Proposer):
             self.computed[r.request_id] = start + len(tokens)
         input_ids, meta = flatten(self.kv, [(r.request_id, t, s) for r, t, s in chunks], self.device)
         hidden, _ = self.model(input_ids, meta, self.caches)
-        last = [end - 1 for end in meta.query_start_loc[1:]]
-        return self.model.compute_logits(hidden[last])
+        last = torch.tensor(meta.query_start_loc[1:], device=self.device) - 1
+        return self.model.compute_logits(hidden.index_select(0, last))
 
-    def _draft_one(self, r: Request, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
-        """The draft token from one row of logits, processed as the target's are (same temperature,
-        top-k, top-p), and its q row when sampling probabilistically."""
+    def _draft_one(self, r: Request, logits: torch.Tensor, position: int) -> tuple[int, torch.Tensor | None]:
+        """The draft token for output position `position` from one row of logits, processed as the
+        target's are (same temperature, top-k, top-p), and its q row when sampling probabilistically."""
         p = r.params
-        if self.sample_method == "greedy" or p.greedy:
-            q = logits_to_probs(logits, p.temperature, p.top_k, p.top_p) if self.sample_method == "probabilistic" \
-                else None
+        keep_q = self.sample_method == "probabilistic"
+        if not keep_q or p.greedy:
+            q = logits_to_probs(logits, p.temperature, p.top_k, p.top_p) if keep_q else None
             return int(logits.argmax()), q
         q = logits_to_probs(logits, p.temperature, p.top_k, p.top_p)  # (V,)
-        return int(torch.multinomial(q, 1, generator=r.generator or self.generator)), q
+        if p.seed is not None:  # the same key as the target's sample at this position: Gumbel coupling
+            return int(keyed_sample(q[None], p.seed, [position])[0]), q
+        return int(torch.multinomial(q, 1, generator=self.generator)), q
 
-    def on_verified(self, request: Request, num_draft_tokens: int, num_accepted: int) -> None:
-        L = request.num_tokens  # committed tokens before this step's are appended
-        keep = L + min(num_accepted, num_draft_tokens - 1)
-        self.computed[request.request_id] = min(self.computed.get(request.request_id, 0), keep)
-        self.kv.rollback(request.request_id, self.computed[request.request_id])
-
-    def on_reset(self, request: Request) -> None:
-        self.computed.pop(request.request_id, None)
-        self.kv.free(request.request_id)
+    def remove(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            self.computed.pop(rid, None)
+            self.kv.free(rid)
 
     @staticmethod
     def pool_blocks(target_blocks: int, max_num_seqs: int, k: int, block_size: int) -> int:

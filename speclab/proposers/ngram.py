@@ -11,7 +11,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from speclab.engine.request import Request
-from speclab.proposers.base import Proposal, Proposer
+from speclab.engine.proposer import Proposal, Proposer
 
 
 class NgramProposer(Proposer):
@@ -66,5 +66,6 @@ class NgramProposer(Proposer):
         self._contexts[r.request_id] = (buf, r.num_tokens)
         return buf[:r.num_tokens]
 
-    def on_reset(self, request: Request) -> None:
-        self._contexts.pop(request.request_id, None)
+    def remove(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            self._contexts.pop(rid, None)

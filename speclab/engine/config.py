@@ -1,0 +1,68 @@
+"""EngineConfig: every knob of the engine in one dataclass, checked together (as vLLM checks them).
+
+    EngineConfig(num_kv_blocks=256, block_size=16, max_num_batched_tokens=512, max_num_seqs=8,
+                 num_speculative_tokens=4)
+
+The checks that involve two knobs live here, not scattered through the engine: a step's token
+budget must hold one token of every running request (`max_num_batched_tokens >= max_num_seqs`)
+and one whole speculative step (`>= 1 + num_speculative_tokens`), and a block must hold a token.
+"""
+
+import numbers
+from dataclasses import dataclass
+
+VERIFIERS = ("auto", "torch", "triton")
+
+
+def check_int(name: str, value, minimum: int) -> None:
+    """A real integer (not a bool, not a float that happens to be whole) >= minimum, or a ValueError."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+@dataclass
+class EngineConfig:
+    """Attributes:
+        num_kv_blocks: blocks in the target's paged KV pool.
+        block_size: token slots per block.
+        max_num_batched_tokens: token budget of one forward (prefill chunks + decodes + drafts).
+        max_num_seqs: requests running at once.
+        seed: the random stream of requests that have no seed of their own.
+        verifier: "torch", "triton" or "auto"; None reads SPECLAB_VERIFIER (see speclab.backend).
+        num_speculative_tokens: k, drafts per request and step (0: no speculation; set from the proposer).
+        num_lookahead_tokens: extra slots a decoding request reserves each step for a drafter that
+            writes into the target's block tables after the target forward (EAGLE/MTP heads, lesson 08).
+    """
+
+    num_kv_blocks: int
+    block_size: int = 16
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    seed: int = 0
+    verifier: str | None = None
+    num_speculative_tokens: int = 0
+    num_lookahead_tokens: int = 0
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        check_int("num_kv_blocks", self.num_kv_blocks, 1)
+        check_int("block_size", self.block_size, 1)
+        check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        check_int("max_num_seqs", self.max_num_seqs, 1)
+        check_int("seed", self.seed, 0)
+        check_int("num_speculative_tokens", self.num_speculative_tokens, 0)
+        check_int("num_lookahead_tokens", self.num_lookahead_tokens, 0)
+        if self.verifier is not None and self.verifier not in VERIFIERS:
+            raise ValueError(f"verifier must be one of {VERIFIERS} or None, got {self.verifier!r}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                             f"({self.max_num_seqs}): every running request needs at least one token of each "
+                             f"step's budget; raise max_num_batched_tokens or lower max_num_seqs")
+        if self.max_num_batched_tokens < 1 + self.num_speculative_tokens:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= 1 + "
+                             f"num_speculative_tokens ({1 + self.num_speculative_tokens}): one request's "
+                             f"speculative step (its new token and its k drafts) must fit in one forward")
