@@ -6,6 +6,7 @@
     print(outs[0].outputs[0].text)
 """
 
+import dataclasses
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,6 +124,23 @@ class LLM:
         """The same counters in Prometheus' text format, under the `speclab:` prefix."""
         return prometheus_text(self.engine.stats)
 
+    def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+             use_tqdm: bool = True) -> list[RequestOutput]:
+        """vLLM's offline chat: one conversation (a list of {"role", "content"} dicts) or a list of
+        them, rendered by the tokenizer's chat template; generation stops at the template's end token."""
+        from speclab.chat import chat_prompt_ids, chat_stop_token_ids, conversations
+
+        convs = conversations(messages)
+        params = SamplingParams() if sampling_params is None else sampling_params
+        params = list(params) if isinstance(params, (list, tuple)) else [params] * len(convs)
+        if len(params) != len(convs):
+            raise ValueError(f"{len(params)} sampling_params for {len(convs)} conversations: give one, or one each")
+        stop = chat_stop_token_ids(self.tokenizer)
+        params = [dataclasses.replace(p, stop_token_ids=list(dict.fromkeys([*p.stop_token_ids, *stop])))
+                  for p in params]
+        return self.generate([{"prompt_token_ids": chat_prompt_ids(self.tokenizer, c)} for c in convs], params,
+                             use_tqdm=use_tqdm)
+
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
@@ -169,6 +187,6 @@ class LLM:
             raise RuntimeError(f"{len(failed)} of {len(requests)} requests failed; prompt {i}: {r.error} "
                                f"(the others finished; this LLM remains usable)")
         return [RequestOutput(req.request_id, text if isinstance(text, str) else None, req.prompt_token_ids,
-                              [CompletionOutput(0, self.tokenizer.decode(req.output_token_ids),
+                              [CompletionOutput(0, self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True),
                                                 list(req.output_token_ids), req.finish_reason)])
                 for text, req in zip(prompts, requests)]

@@ -91,11 +91,29 @@ class ModelRunner:
             keep = torch.cat([torch.arange(len(f)) + sum(len(g) for g in finite[:i])
                               for i, f in enumerate(finite) if i in ok] or [torch.empty(0, dtype=torch.long)])
             sampling, logits = [sampling[i] for i in ok], logits[keep.to(self.device)]
-        if sampling:
+        if sampling and all(s.request.params.greedy for s in sampling):
+            result.sampled = self.verify_greedy(sampling, logits)
+        elif sampling:
             out = self.verify(sampling, logits).cpu()
             result.sampled = {s.request.request_id: row[row != PLACEHOLDER_TOKEN_ID].tolist()
                               for s, row in zip(sampling, out)}
         return result
+
+    def verify_greedy(self, sampling: list[ScheduledRequest], logits: torch.Tensor) -> dict[str, list[int]]:
+        """All requests greedy (vLLM's all_greedy fast path): no probabilities, no random numbers;
+        keep drafts while they equal the target's argmax, then add the argmax."""
+        target = logits.argmax(-1).tolist()  # (T + B,)
+        out, row = {}, 0
+        for s in sampling:
+            k = s.num_spec_tokens
+            drafts, tokens = s.request.spec_token_ids[:k], []
+            for j in range(k + 1):
+                tokens.append(target[row + j])
+                if j == k or drafts[j] != target[row + j]:
+                    break
+            out[s.request.request_id] = tokens
+            row += k + 1
+        return out
 
     def verify(self, sampling: list[ScheduledRequest], logits: torch.Tensor) -> torch.Tensor:
         """Process logits per request and verify every request's drafts (k = 0 allowed) at once."""
