@@ -11,8 +11,6 @@ of the same run, and rerun before believing a difference under ~10%.
 
 import argparse
 import copy
-import statistics
-import time
 
 import torch
 
@@ -20,13 +18,13 @@ from speclab import stats
 from speclab.data.prompts import load_prompts
 from speclab.llm import LLM, model_directory
 from speclab.sampling_params import SamplingParams
+from speclab.timing import forward_seconds, median_seconds, timed
 
 
 def run_speclab(llm: LLM, prompts: list[str], params: SamplingParams) -> tuple[list[list[int]], float]:
     """(generated token ids per prompt, seconds) for one batched generate call."""
-    start = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    return [o.outputs[0].token_ids for o in outs], time.perf_counter() - start
+    outs, seconds = timed(lambda: llm.generate(prompts, params, use_tqdm=False))
+    return [o.outputs[0].token_ids for o in outs], seconds
 
 
 def run_hf(model, tokenizer, prompts: list[str], max_new_tokens: int, greedy: bool, **kwargs):
@@ -36,32 +34,11 @@ def run_hf(model, tokenizer, prompts: list[str], max_new_tokens: int, greedy: bo
         tokenizer.pad_token = tokenizer.eos_token
     enc = tokenizer(prompts, return_tensors="pt", padding=True)
     sampling = {} if greedy else dict(temperature=1.0, top_k=0, top_p=1.0)
-    start = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(**enc, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                             do_sample=not greedy, pad_token_id=tokenizer.pad_token_id, **sampling, **kwargs)
-    seconds = time.perf_counter() - start
+        out, seconds = timed(lambda: model.generate(
+            **enc, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=not greedy,
+            pad_token_id=tokenizer.pad_token_id, **sampling, **kwargs))
     return [row[enc.input_ids.shape[1]:].tolist() for row in out], seconds
-
-
-def decode_step_seconds(model, context: int = 128, steps: int = 40, tokens: int = 1) -> float:
-    """Median time of one forward of `tokens` new tokens (1: a decode step; k + 1: a verification)
-    of speclab's model at batch 1, with `context` tokens already cached."""
-    from speclab.engine.batch import flatten
-    from speclab.kv_cache import KVCacheManager
-
-    kv = KVCacheManager((context + tokens) // 16 + 2, 16)
-    caches = model.allocate_kv_cache(kv.pool.num_blocks, 16)
-    kv.allocate("r", 0, context + tokens)
-    ids = torch.randint(0, model.config.vocab_size, (context + tokens,)).tolist()
-    model(*flatten(kv, [("r", ids[:context], 0)]), caches)
-    batch = flatten(kv, [("r", ids[context:], context)])
-    times = []
-    for _ in range(steps):  # the same positions are rewritten each time: the cache stays valid
-        start = time.perf_counter()
-        model.compute_logits(model(*batch, caches)[0])
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def bench_decode(args) -> None:
@@ -91,9 +68,9 @@ def bench_spec(args) -> None:
 
     target_hf, draft_hf, tok = load_model(args.target), load_model(args.draft), load_tokenizer(args.target)
     target, draft = LLM(args.target).model, LLM(args.draft).model
-    t1 = decode_step_seconds(target)
-    c = decode_step_seconds(draft) / t1
-    verify_cost = {k: decode_step_seconds(target, tokens=k + 1) / t1 for k in set(args.ks) | {4}}
+    t1 = forward_seconds(target)
+    c = forward_seconds(draft) / t1
+    verify_cost = {k: forward_seconds(target, tokens=k + 1) / t1 for k in set(args.ks) | {4}}
     print(f"batch 1, {args.max_tokens} new tokens, {args.num_prompts} prompts per set; torch threads = "
           f"{torch.get_num_threads()}\nmeasured c = {c:.3f} (draft/target decode step); a target forward over k + 1 "
           f"tokens costs {', '.join(f'{v:.2f}' for k, v in sorted(verify_cost.items()))} decode steps "
@@ -114,7 +91,9 @@ def bench_spec(args) -> None:
                 if method == "ngram" else {"method": "draft_model", "model": args.draft, "num_speculative_tokens": k,
                                            "draft_sample_method": "greedy" if greedy else "probabilistic"})
             llm = LLM(args.target, speculative_config=config)
-            params = SamplingParams(temperature=temperature, max_tokens=args.max_tokens, seed=0, ignore_eos=True)
+            # no per-request seed: T = 1 rows measure Leviathan's rule (a seeded request is verified
+            # against position-keyed samples instead; see speclab/engine/model_runner.py)
+            params = SamplingParams(temperature=temperature, max_tokens=args.max_tokens, ignore_eos=True)
             run_speclab(llm, prompts[:1], SamplingParams(temperature=temperature, max_tokens=8, ignore_eos=True))
             llm.engine.stats.reset()  # count the measured run only
             tokens, secs = 0, 0.0
@@ -172,10 +151,7 @@ def bench_ngram(args) -> None:
             as_list = tokens.tolist()
             row = []
             for ctx in (as_list, tokens):
-                start = time.perf_counter()
-                for _ in range(200):
-                    proposer.propose_tokens(ctx)
-                row.append((time.perf_counter() - start) / 200 * 1e6)
+                row.append(median_seconds(lambda: proposer.propose_tokens(ctx), repeat=200) * 1e6)
             print(f"{L:>8} {kind:<12}{row[0]:>16.1f}{row[1]:>17.1f}")
 
 

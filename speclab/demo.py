@@ -11,6 +11,8 @@ exact output distribution is known and checked.
 """
 
 import argparse
+import statistics
+
 import torch
 
 from speclab import stats
@@ -70,42 +72,79 @@ def toy_demo(argv=None) -> None:
               f"speedup {stats.speedup(alpha, g_star, c):.2f}x")
 
 
-def real_demo(num_prompts: int = 6, max_tokens: int = 64, k: int = 4) -> None:
-    from speclab.bench import run_speclab
+def machine_line(threads: int) -> str:
+    """What the figures were measured on: CPU, cores, torch and its threads."""
+    import os
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores; torch {torch.__version__} with {threads} thread(s)"
+
+
+def speedup_text(ratios: list[float]) -> str:
+    """The median speedup with its range over the repeats; a speedup whose repeats disagree on
+    which side of 1.0 it lies was not reproduced, and is not printed as one."""
+    lo, mid, hi = min(ratios), statistics.median(ratios), max(ratios)
+    if lo < 1.0 < hi:
+        return f"not reproduced ({lo:.2f}-{hi:.2f}x)"
+    return f"{mid:.2f}x ({lo:.2f}-{hi:.2f})"
+
+
+def real_demo(num_prompts: int = 6, max_tokens: int = 64, k: int = 4, repeats: int = 3, threads: int = 1) -> None:
     from speclab.data.prompts import load_prompts
     from speclab.llm import LLM
     from speclab.sampling_params import SamplingParams
+    from speclab.timing import timed
 
-    configs = [("no speculation", "code", None),
-               ("n-gram, k=4", "copy", {"method": "ngram", "num_speculative_tokens": k,
+    torch.set_num_threads(threads)  # unpinned, a busy machine printed 21x once and 0.95x the next run
+    configs = [("n-gram, k=4", "copy", {"method": "ngram", "num_speculative_tokens": k,
                                         "prompt_lookup_max": 3, "prompt_lookup_min": 1}),
                ("draft model, k=4", "code", {"method": "draft_model", "model": "draft", "num_speculative_tokens": k})]
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     sets = {kind: load_prompts(kind)[:num_prompts] for kind in ("code", "copy")}
-    plain = LLM()
-    run_speclab(plain, sets["code"][:1], SamplingParams(temperature=0, max_tokens=8))  # warm-up
-    reference = {kind: [run_speclab(plain, [p], params) for p in prompts] for kind, prompts in sets.items()}
-    print(f"embedded target, greedy, batch 1, {num_prompts} held-out prompts per row, {max_tokens} new tokens each\n")
-    print(f"{'method':<18}{'prompts':<8}{'tok/s':>8}{'speedup':>9}{'accept rate':>13}{'mean accept len':>17}"
+    engines = {None: LLM(max_num_seqs=1, max_num_batched_tokens=512)}
+    for name, _, config in configs:
+        engines[name] = LLM(speculative_config=config, max_num_seqs=1, max_num_batched_tokens=512)
+    for llm in engines.values():  # warm-up
+        llm.generate(sets["code"][:1], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
+        llm.engine.stats.reset()
+
+    def run(llm, kind):  # batch 1: one request at a time; (outputs, tokens/s)
+        outs, secs = zip(*(timed(lambda: llm.generate([p], params, use_tqdm=False)) for p in sets[kind]))
+        tokens = [o[0].outputs[0].token_ids for o in outs]
+        return tokens, sum(map(len, tokens)) / sum(secs)
+
+    print(f"embedded target, greedy, batch 1, {num_prompts} held-out prompts per row, {max_tokens} new tokens each;\n"
+          f"each row repeated {repeats} times, interleaved with plain decoding of the same prompts "
+          f"(median and range)\nmachine: {machine_line(threads)}\n")
+    print(f"{'method':<18}{'prompts':<8}{'tok/s':>8}{'speedup':>24}{'accept rate':>13}{'mean accept len':>17}"
           f"{'identical to plain':>20}")
     results = []
-    for name, kind, config in configs:
-        base_tps = sum(len(o[0]) for o, _ in reference[kind]) / sum(t for _, t in reference[kind])
-        if config is None:
-            tps, same, m = base_tps, True, None
-        else:
-            llm = LLM(speculative_config=config)
-            run_speclab(llm, sets[kind][:1], SamplingParams(temperature=0, max_tokens=8))
-            llm.engine.stats.reset()
-            runs = [run_speclab(llm, [p], params) for p in sets[kind]]
-            tps = sum(len(o[0]) for o, _ in runs) / sum(t for _, t in runs)
-            same = all(o == ref for (o, _), (ref, _) in zip(runs, reference[kind]))
-            m = llm.engine.stats
-        rate = f"{m.acceptance_rate:.2f}" if m else "-"
-        length = f"{m.mean_acceptance_length:.2f}" if m else "1.00"
-        print(f"{name:<18}{kind:<8}{tps:>8.1f}{tps / base_tps:>8.2f}x{rate:>13}{length:>17}{str(same):>20}")
-        results.append((f"{name}\n({kind} prompts)", tps / base_tps, m.acceptance_per_pos() if m else []))
-    save_plot(results)
+    for name, kind, _ in configs:
+        plain_tps, spec_tps, ratios, same = [], [], [], True
+        for _ in range(repeats):
+            reference, base = run(engines[None], kind)
+            tokens, tps = run(engines[name], kind)
+            plain_tps.append(base)
+            spec_tps.append(tps)
+            ratios.append(tps / base)
+            same &= tokens == reference
+        m = engines[name].engine.stats
+        if name == configs[0][0]:
+            print(f"{'no speculation':<18}{kind:<8}{statistics.median(plain_tps):>8.1f}{'1.00x':>24}{'-':>13}"
+                  f"{'1.00':>17}{'True':>20}")
+        print(f"{name:<18}{kind:<8}{statistics.median(spec_tps):>8.1f}{speedup_text(ratios):>24}"
+              f"{m.acceptance_rate:>13.2f}{m.mean_acceptance_length:>17.2f}{str(same):>20}")
+        results.append((f"{name}\n({kind} prompts)", statistics.median(ratios), m.acceptance_per_pos()))
+    print("\nspeedup: tokens/s over plain decoding of the same prompts, per repeat; 'not reproduced' when the repeats "
+          "disagree on whether speculation helped.\nOn this 10M-parameter target a forward is so cheap that "
+          "Python overhead weighs as much as the model: lessons 03-04 show the time breakdown.")
+    save_plot([("no speculation", 1.0, [])] + results)
 
 
 def save_plot(results, path="figures/demo.png") -> None:
@@ -133,8 +172,14 @@ def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if "--toy" in argv:
         toy_demo([a for a in argv if a != "--toy"])
-    else:
-        real_demo()
+        return
+    ap = argparse.ArgumentParser(description="speculative decoding on the embedded pair")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (pinned; default 1)")
+    ap.add_argument("--repeats", type=int, default=3, help="times each row is measured")
+    ap.add_argument("--num-prompts", type=int, default=6)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    args = ap.parse_args(argv)
+    real_demo(args.num_prompts, args.max_tokens, repeats=args.repeats, threads=args.threads)
 
 
 if __name__ == "__main__":

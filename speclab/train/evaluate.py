@@ -11,11 +11,12 @@
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from speclab.timing import median_seconds
 
 
 def eval_windows(tokens: np.ndarray, n_windows: int, seq_len: int) -> torch.Tensor:
@@ -57,14 +58,14 @@ def decode_step_seconds(model, prefix_len: int = 64, n_steps: int = 100, vocab_l
     """Median wall time of one batch-1 decode step (one new token, KV cache of `prefix_len`+ tokens)."""
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, min(vocab_limit, model.config.vocab_size), (1, prefix_len), generator=gen)
-    out = model(input_ids=ids, use_cache=True)
-    cache, tok, times = out.cache, ids[:, -1:], []
-    for _ in range(n_steps):
-        t0 = time.perf_counter()
-        out = model(input_ids=tok, cache=cache, use_cache=True)
-        times.append(time.perf_counter() - t0)
-        cache, tok = out.cache, out.logits[:, -1:].argmax(-1)
-    return float(np.median(times))
+    state = {"out": model(input_ids=ids, use_cache=True)}
+    state["tok"] = ids[:, -1:]
+
+    def step():
+        out = model(input_ids=state["tok"], cache=state["out"].cache, use_cache=True)
+        state["out"], state["tok"] = out, out.logits[:, -1:].argmax(-1)
+
+    return median_seconds(step, repeat=n_steps, warmup=0)
 
 
 def cost_ratio(target, draft, rounds: int = 3, **kw) -> dict:
