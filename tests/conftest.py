@@ -48,11 +48,12 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if not _has_cuda():
-        skip = pytest.mark.skip(reason="needs a CUDA GPU")
-        for item in items:
-            if "gpu" in item.keywords:
-                item.add_marker(skip)
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords and not _has_cuda():
+            item.add_marker(skip)
+        if "notebook" in item.keywords:  # executing a lesson takes 5-20 s: not part of the fast loop
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

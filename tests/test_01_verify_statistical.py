@@ -15,6 +15,8 @@ from helpers import random_rows, sample_batched, sample_verifier
 from speclab import stats
 from speclab.verify import rejection_sample, verify_step
 
+pytestmark = pytest.mark.slow  # statistical: many thousand samples per test
+
 SIGNIFICANCE = 1e-4
 N_BATCHED = 40_000  # rejection_sample draws
 N_LOOP = 12_000  # verify_step draws (a Python loop)

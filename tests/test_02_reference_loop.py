@@ -16,6 +16,8 @@ from speclab.reference import autoregressive_generate, speculative_generate, spe
 from speclab.toy import MarkovLM
 from speclab.verify import rejection_sample
 
+pytestmark = pytest.mark.slow  # statistical: many thousand samples per test
+
 SIGNIFICANCE = 1e-4
 V, L, N = 4, 3, 20_000  # 64 sequences; detects TV >= ~0.045 over the joint law
 

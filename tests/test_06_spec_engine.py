@@ -119,6 +119,7 @@ PROPOSERS = {"none": lambda d: None, "ngram": lambda d: NgramProposer(1, 2, 2),
              "draft-probabilistic": lambda d: draft_proposer(d, 2, "probabilistic")}
 
 
+@pytest.mark.slow  # chi2 over N = 8000 engine samples
 @pytest.mark.parametrize("seeded", [False, True], ids=["leviathan-stream", "seeded-keyed"])
 @pytest.mark.parametrize("proposer", list(PROPOSERS))
 def test_sampled_outputs_follow_the_exact_target_law(pair, exact_joint, proposer, seeded):
@@ -132,6 +133,7 @@ def test_sampled_outputs_follow_the_exact_target_law(pair, exact_joint, proposer
         assert eng.stats.num_accepted_tokens > (0.02 if proposer == "ngram" else 0.2) * N
 
 
+@pytest.mark.slow  # chi2 over N = 8000 engine samples
 @pytest.mark.parametrize("seeded", [False, True], ids=["leviathan-stream", "seeded-keyed"])
 def test_top_p_outputs_follow_the_exact_top_p_law(pair, seeded):
     """top-p applied to target and draft alike: the output follows the target's nucleus law."""
@@ -143,6 +145,7 @@ def test_top_p_outputs_follow_the_exact_top_p_law(pair, seeded):
     assert eng.stats.num_accepted_tokens > 0.2 * N
 
 
+@pytest.mark.slow  # chi2 over N = 8000 engine samples
 def test_speculative_and_direct_samples_agree_two_sample(pair):
     """The same claim without the exact law: speculative vs direct engine samples, two-sample chi2."""
     _, target, draft = pair
@@ -162,6 +165,7 @@ def bonus_argmax(draft_ids, num, target_probs, draft_probs=None, **kw):
     return out
 
 
+@pytest.mark.slow  # chi2 over N = 8000 engine samples
 def test_negative_control_bonus_by_argmax_fails(pair, exact_joint):
     _, target, draft = pair
     eng = make_engine(target, draft_proposer(draft, 2, "probabilistic"))
@@ -170,6 +174,7 @@ def test_negative_control_bonus_by_argmax_fails(pair, exact_joint):
     assert pv < SIGNIFICANCE, f"the distribution test cannot see a bonus token taken by argmax (p={pv:.2e})"
 
 
+@pytest.mark.slow  # chi2 over N = 8000 engine samples
 def test_negative_control_one_key_per_step_fails(pair, exact_joint, monkeypatch):
     """The seeded path's classic bug: keying the noise by the step (its first position) instead of
     by each token's position, so all k + 1 samples of a verification share one noise row."""
