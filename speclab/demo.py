@@ -96,10 +96,10 @@ def speedup_text(ratios: list[float]) -> str:
 
 
 def real_demo(num_prompts: int = 6, max_tokens: int = 64, k: int = 4, repeats: int = 3, threads: int = 1) -> None:
+    from speclab.bench import run_speclab
     from speclab.data.prompts import load_prompts
     from speclab.llm import LLM
     from speclab.sampling_params import SamplingParams
-    from speclab.timing import timed
 
     torch.set_num_threads(threads)  # unpinned, a busy machine printed 21x once and 0.95x the next run
     configs = [("n-gram, k=4", "copy", {"method": "ngram", "num_speculative_tokens": k,
@@ -115,8 +115,8 @@ def real_demo(num_prompts: int = 6, max_tokens: int = 64, k: int = 4, repeats: i
         llm.engine.stats.reset()
 
     def run(llm, kind):  # batch 1: one request at a time; (outputs, tokens/s)
-        outs, secs = zip(*(timed(lambda: llm.generate([p], params, use_tqdm=False)) for p in sets[kind]))
-        tokens = [o[0].outputs[0].token_ids for o in outs]
+        outs, secs = zip(*(run_speclab(llm, [p], params) for p in sets[kind]))
+        tokens = [o[0] for o in outs]
         return tokens, sum(map(len, tokens)) / sum(secs)
 
     print(f"embedded target, greedy, batch 1, {num_prompts} held-out prompts per row, {max_tokens} new tokens each;\n"

@@ -79,17 +79,16 @@ class LLM:
             raise ValueError(f"dtype must be a floating torch.dtype (torch.float32, torch.bfloat16, ...), got {dtype!r}")
         if not isinstance(kv_cache_gb, (int, float)) or isinstance(kv_cache_gb, bool) or not kv_cache_gb > 0:
             raise ValueError(f"kv_cache_gb must be a positive number, got {kv_cache_gb!r}")
-        EngineConfig(num_kv_blocks=num_kv_blocks or 1, block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
-                     max_num_seqs=max_num_seqs, seed=seed, verifier=verifier, num_speculative_tokens=k)  # fail before loading
+        config = EngineConfig(num_kv_blocks=1 if num_kv_blocks is None else num_kv_blocks, block_size=block_size,
+                              max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, seed=seed,
+                              verifier=verifier, num_speculative_tokens=k)  # checked before any model is loaded
         path = model_directory(model)
         self.model = load_llama(path, dtype=dtype, device=device)
         from transformers import AutoTokenizer
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_directory(tokenizer) if tokenizer else path))
         if num_kv_blocks is None:
             num_kv_blocks = default_num_kv_blocks(self.model, block_size, max_num_seqs, kv_cache_gb)
-        config = EngineConfig(num_kv_blocks=num_kv_blocks, block_size=block_size,
-                              max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, seed=seed,
-                              verifier=verifier, num_speculative_tokens=k)
+            config = dataclasses.replace(config, num_kv_blocks=num_kv_blocks)
         proposer = None
         if spec is not None and spec.method == "ngram":
             proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, k)

@@ -132,6 +132,14 @@ def test_engine_config_checks_knobs_together(knobs, match):
         EngineConfig(**{"num_kv_blocks": 16, **knobs})
 
 
+@pytest.mark.parametrize("knobs, match", [(dict(num_kv_blocks=0), "num_kv_blocks must be >= 1"),
+                                          (dict(block_size=16.0), "block_size must be an integer"),
+                                          (dict(kv_cache_gb=0), "kv_cache_gb must be a positive number")])
+def test_llm_refuses_bad_knobs_instead_of_coercing_them(knobs, match):
+    with pytest.raises(ValueError, match=match):
+        LLM(**knobs)
+
+
 def test_draft_model_with_a_budget_of_one_token_is_refused_at_construction():
     """Used to crash inside torch at the first step."""
     with pytest.raises(ValueError, match=r"max_num_batched_tokens \(1\) must be >= max_num_seqs"):

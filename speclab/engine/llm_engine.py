@@ -61,10 +61,6 @@ class LLMEngine:
         """The spec-decode counters (the scheduler counts them as it commits)."""
         return self.scheduler.stats
 
-    @stats.setter
-    def stats(self, stats: SpecDecodingStats) -> None:  # fresh counters (lessons swap them between runs)
-        self.scheduler.stats = stats
-
     # ------------------------------------------------------------------------------------------
     # requests in
 

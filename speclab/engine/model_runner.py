@@ -32,7 +32,7 @@ from speclab.engine.scheduler import ScheduledRequest, SchedulerOutput
 from speclab.kv_cache import KVCacheManager
 from speclab.models.llama import LlamaForCausalLM
 from speclab.sampling import keyed_sample, logits_to_probs
-from speclab.verify import PLACEHOLDER_TOKEN_ID, draw_noise, draw_uniforms
+from speclab.verify import PLACEHOLDER_TOKEN_ID, draw_noise, draw_uniforms, verify_greedy_step
 
 
 @dataclass
@@ -83,15 +83,9 @@ class ModelRunner:
         if not sampling:
             return result
         logits = self.model.compute_logits(hidden[torch.cat(rows).to(self.device)])  # (T + B, V)
-        finite = torch.isfinite(logits).all(-1).split([s.num_spec_tokens + 1 for s in sampling])
-        ok = [i for i, f in enumerate(finite) if bool(f.all())]
-        for i in sorted(set(range(len(sampling))) - set(ok)):
-            result.errors[sampling[i].request.request_id] = "the model produced NaN or inf logits"
-        if len(ok) < len(sampling):
-            keep = torch.cat([torch.arange(len(f)) + sum(len(g) for g in finite[:i])
-                              for i, f in enumerate(finite) if i in ok] or [torch.empty(0, dtype=torch.long)])
-            sampling, logits = [sampling[i] for i in ok], logits[keep.to(self.device)]
-        if sampling and all(s.request.params.greedy for s in sampling):
+        if not bool(torch.isfinite(logits).all()):  # one reduction per step; the rest only when it fails
+            sampling, logits = self._drop_non_finite(sampling, logits, result.errors)
+        if sampling and all(s.request.params.greedy for s in sampling):  # vLLM's all_greedy fast path
             result.sampled = self.verify_greedy(sampling, logits)
         elif sampling:
             out = self.verify(sampling, logits).cpu()
@@ -99,19 +93,23 @@ class ModelRunner:
                               for s, row in zip(sampling, out)}
         return result
 
+    @staticmethod
+    def _drop_non_finite(sampling, logits, errors: dict[str, str]):
+        """Fail the requests whose rows hold NaN or inf; return the others and their rows."""
+        sizes = torch.tensor([s.num_spec_tokens + 1 for s in sampling])
+        owner = torch.repeat_interleave(torch.arange(len(sampling)), sizes).to(logits.device)  # (T + B,)
+        bad = set(owner[~torch.isfinite(logits).all(-1)].tolist())
+        for i in sorted(bad):
+            errors[sampling[i].request.request_id] = "the model produced NaN or inf logits"
+        keep = torch.tensor([int(i) not in bad for i in owner.tolist()], device=logits.device)
+        return [s for i, s in enumerate(sampling) if i not in bad], logits[keep]
+
     def verify_greedy(self, sampling: list[ScheduledRequest], logits: torch.Tensor) -> dict[str, list[int]]:
-        """All requests greedy (vLLM's all_greedy fast path): no probabilities, no random numbers;
-        keep drafts while they equal the target's argmax, then add the argmax."""
-        target = logits.argmax(-1).tolist()  # (T + B,)
+        """All requests greedy: no probabilities, no random numbers (`verify_greedy_step` per request)."""
         out, row = {}, 0
         for s in sampling:
             k = s.num_spec_tokens
-            drafts, tokens = s.request.spec_token_ids[:k], []
-            for j in range(k + 1):
-                tokens.append(target[row + j])
-                if j == k or drafts[j] != target[row + j]:
-                    break
-            out[s.request.request_id] = tokens
+            out[s.request.request_id] = verify_greedy_step(s.request.spec_token_ids[:k], logits[row:row + k + 1])
             row += k + 1
         return out
 

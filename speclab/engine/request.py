@@ -57,11 +57,6 @@ class Request:
     def is_finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
 
-    @property
-    def is_decoding(self) -> bool:
-        """All known tokens but the last one are in the cache: the next step samples."""
-        return self.num_computed_tokens == self.num_tokens - 1
-
     def append_tokens(self, tokens: list[int], eos_token_id: int | None) -> None:
         """Append sampled tokens, stopping at a stop token, EOS or max_tokens."""
         p = self.params
