@@ -1,0 +1,57 @@
+"""The demo's choices that need no model run, and `time_breakdown`'s bookkeeping (no speed asserted)."""
+
+import pytest
+
+from speclab import LLM, SamplingParams, demo
+from speclab.data.prompts import load_prompts
+from speclab.timing import time_breakdown
+
+
+def test_an_unbuilt_draft_is_reported_with_how_to_build_it_and_never_fetched(monkeypatch):
+    import huggingface_hub
+
+    def no_network(*a, **kw):
+        raise AssertionError("the demo must not download a model")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", no_network)
+    monkeypatch.setattr(demo, "DRAFT_NAME", "no-such-draft-built-here")
+    rows, missing = demo.real_methods()
+    assert [name for name, _ in rows] == ["n-gram, k=5"]
+    assert missing[0].startswith("draft not available: ") and demo.DRAFT_HINT in missing[0]
+    assert any("EAGLE" in line for line in missing)      # a slot, not a fake row
+
+
+def test_a_draft_that_resolves_to_a_directory_gets_a_row(monkeypatch):
+    from speclab.models.hub import checkpoint_dir
+    monkeypatch.setattr(demo, "DRAFT_NAME", str(checkpoint_dir("draft")))
+    rows, _ = demo.real_methods()
+    assert rows[1][1] == {"method": "draft_model", "model": str(checkpoint_dir("draft")),
+                          "num_speculative_tokens": demo.REAL_DRAFT_K}
+
+
+@pytest.mark.parametrize("config", [None, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+                                           "prompt_lookup_min": 1}])
+def test_time_breakdown_parts_add_up_and_the_wrappers_are_removed(config):
+    llm = LLM(speculative_config=config, max_num_seqs=2)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompts = load_prompts("copy")[:2]
+    before = llm.generate(prompts, params, use_tqdm=False)
+    with time_breakdown(llm.engine) as t:
+        during = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in during] == [o.outputs[0].token_ids for o in before]
+    assert t.steps >= 12 / (1 + (config or {}).get("num_speculative_tokens", 0))
+    assert t["target forward"] > 0 and t["verify"] > 0 and (t["propose"] > 0) == (config is not None)
+    assert abs(sum(t[p] for p in ("target forward", "propose", "verify", "other")) - t["total"]) < 1e-9
+    assert "forward" not in vars(llm.model) and "verify" not in vars(llm.engine.runner)
+    assert abs(sum(t.shares().values()) - 1) < 1e-9
+
+
+def test_without_prefill_takes_out_the_prompt_forwards():
+    llm = LLM(max_num_seqs=1)
+    prompts = load_prompts("code")[:2]
+    with time_breakdown(llm.engine) as t:
+        for p in prompts:
+            llm.generate([p], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    assert t.steps == 2 * 6 and [n > 1 for n, _ in t.forwards].count(True) == 2   # a prefill, then 5 decodes
+    d = t.without_prefill(1)
+    assert d.steps == 10 and d["total"] < t["total"] and d["verify"] == t["verify"]
+    assert abs(t["target forward"] - d["target forward"] - sum(s for n, s in t.forwards if n > 1)) < 1e-12
