@@ -280,8 +280,8 @@ def embedded_demo(num_prompts: int = 6, max_tokens: int = 64, k: int = 4, repeat
               f"{m.acceptance_rate:>13.2f}{m.mean_acceptance_length:>17.2f}{str(same):>20}")
         results.append((f"{name}\n({kind} prompts)", statistics.median(ratios), m.acceptance_per_pos()))
     print("\nspeedup: tokens/s over plain decoding of the same prompts, per repeat; 'not reproduced' when the repeats "
-          "disagree on whether speculation helped.\nOn this 10M-parameter target a forward is so cheap that "
-          "Python overhead weighs as much as the model: lessons 03-04 show the time breakdown.")
+          "disagree on whether speculation helped.\nOn this 10M-parameter target a forward is mostly per-operation "
+          "overhead rather than weight reads, and every draft step pays it too: lessons 03-04 show the time breakdown.")
     save_plot([("no speculation", 1.0, [])] + results)
 
 
