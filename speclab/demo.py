@@ -137,6 +137,21 @@ def real_methods() -> tuple[list[tuple[str, dict]], list[str]]:
     return rows, missing
 
 
+def load_llms(model, rows: list, missing: list[str]) -> dict:
+    """One batch-1 LLM per row (None: plain decoding). A row whose LLM cannot be built (say, a draft
+    directory that does not fit the target) is removed from `rows` with a line in `missing`."""
+    from speclab.llm import LLM
+
+    llms = {None: LLM(model, max_num_seqs=1, max_num_batched_tokens=1024)}
+    for name, config in list(rows):
+        try:
+            llms[name] = LLM(model, speculative_config=config, max_num_seqs=1, max_num_batched_tokens=1024)
+        except (OSError, ValueError) as err:
+            rows.remove((name, config))
+            missing.insert(0, f"{name} not available: {err}")
+    return llms
+
+
 def spread(records: list, n: int) -> list:
     """n records spread evenly over a set (the sets are ordered by task: the first n would be one task)."""
     return [records[i * len(records) // n] for i in range(min(n, len(records)))]
@@ -145,7 +160,6 @@ def spread(records: list, n: int) -> list:
 def real_demo(num_prompts: int = 2, max_tokens: int = 64, repeats: int = 2, threads: int = 1) -> None:
     """Plain vs n-gram vs the draft model on the real model, per chat prompt set, batch 1, greedy."""
     from speclab.data.chat_prompts import SETS, chat_prompts_version, load_chat_prompts
-    from speclab.llm import LLM
     from speclab.models import smollm2
     from speclab.sampling_params import SamplingParams
 
@@ -153,9 +167,7 @@ def real_demo(num_prompts: int = 2, max_tokens: int = 64, repeats: int = 2, thre
     start = time.perf_counter()
     smollm2.model_dir()                      # converts the GGUF once (about 20 s), then reused
     rows, missing = real_methods()
-    llms = {None: LLM("smollm2", max_num_seqs=1, max_num_batched_tokens=1024)}
-    for name, config in rows:
-        llms[name] = LLM("smollm2", speculative_config=config, max_num_seqs=1, max_num_batched_tokens=1024)
+    llms = load_llms("smollm2", rows, missing)
     warm = [{"role": "user", "content": "Hi"}]
     for llm in llms.values():
         llm.chat(warm, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)

@@ -55,3 +55,13 @@ def test_without_prefill_takes_out_the_prompt_forwards():
     d = t.without_prefill(1)
     assert d.steps == 10 and d["total"] < t["total"] and d["verify"] == t["verify"]
     assert abs(t["target forward"] - d["target forward"] - sum(s for n, s in t.forwards if n > 1)) < 1e-12
+
+
+def test_a_draft_that_does_not_fit_the_target_loses_its_row_with_the_reason():
+    from speclab.models.hub import checkpoint_dir
+    rows = [("draft model, k=4", {"method": "draft_model", "model": str(checkpoint_dir("draft")) + "-missing",
+                                  "num_speculative_tokens": 4})]
+    missing = []
+    llms = demo.load_llms("target", rows, missing)
+    assert rows == [] and list(llms) == [None]
+    assert missing[0].startswith("draft model, k=4 not available: ") and "-missing" in missing[0]
