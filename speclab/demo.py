@@ -103,7 +103,7 @@ def speedup_text(ratios: list[float]) -> str:
 # The draft distilled from SmolLM2 (issue 10, item 4) resolves by this name once it has been built;
 # lesson 08's EAGLE head will get a row the same way. Neither is faked while it does not exist.
 DRAFT_NAME = "smollm2-draft"
-DRAFT_HINT = ("distill it from SmolLM2 with the draft-training command (issue 10, item 4); "
+DRAFT_HINT = ("train it with `python -m speclab.train.smollm2_draft` (distilled from SmolLM2, issue 10 item 4); "
               f"then LLM(speculative_config={{'method': 'draft_model', 'model': '{DRAFT_NAME}'}}) finds it")
 EAGLE_NOTE = "EAGLE head: lesson 08 (planned); its rows appear here once it is trained"
 REAL_NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
@@ -129,7 +129,8 @@ def real_methods() -> tuple[list[tuple[str, dict]], list[str]]:
     rows, missing = [("n-gram, k=5", REAL_NGRAM)], []
     draft, why = local_model(DRAFT_NAME)
     if draft is None:
-        missing.append(f"draft not available: {why}. To build it: {DRAFT_HINT}")
+        hint = "" if "python -m" in why else f". To build it: {DRAFT_HINT}"   # the resolver may say how already
+        missing.append(f"draft not available: {why}{hint}")
     else:
         rows.append((f"draft model, k={REAL_DRAFT_K}", {"method": "draft_model", "model": draft,
                                                         "num_speculative_tokens": REAL_DRAFT_K}))
