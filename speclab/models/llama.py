@@ -83,14 +83,14 @@ class AttentionMetadata:
     query_start_loc: list[int]
     seq_lens: list[int]
     block_tables: torch.Tensor
-    _rope: dict = field(default_factory=dict, repr=False)  # per-forward tables and buffers
+    _shared: dict = field(default_factory=dict, repr=False)  # per-forward tables and buffers of every layer
 
     def rope(self, head_dim: int, theta: float, dtype):
         """cos, sin tables at this batch's positions, computed once per forward (every layer shares them)."""
         key = (head_dim, theta, dtype)
-        if key not in self._rope:
-            self._rope[key] = rope_tables(self.positions, head_dim, theta, dtype)
-        return self._rope[key]
+        if key not in self._shared:
+            self._shared[key] = rope_tables(self.positions, head_dim, theta, dtype)
+        return self._shared[key]
 
     @cached_property
     def padded(self):
@@ -120,15 +120,22 @@ class AttentionMetadata:
             mask = (torch.arange(c_max, device=device)[None, None, :] <= pos[:, :, None])[:, None]
         return row, col, mask, q_max, c_max
 
-    def gather_buffers(self, shape, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Two `shape` tensors that every layer of this forward gathers its keys and values into:
-        one allocation per forward instead of two per layer (a fresh buffer of this size costs a
-        page fault per 4 KB on every call, which made the gather the costliest op after the matmuls)."""
-        key = ("gather", tuple(shape), dtype)
-        if key not in self._rope:
-            self._rope[key] = (torch.empty(shape, dtype=dtype, device=self.positions.device),
-                               torch.empty(shape, dtype=dtype, device=self.positions.device))
-        return self._rope[key]
+    def gather_plan(self, block_size: int, entry_shape, dtype):
+        """(blocks, k_buf, v_buf), made once per forward and shared by every layer: the cache blocks
+        that request b reads are blocks[b * nb:(b + 1) * nb] (padding -1 reads block 0, whose slots lie
+        past the request's length and are masked), and two (B * nb, block_size, *entry_shape) buffers
+        the layers gather keys and values into: one allocation per forward, not two per layer (a fresh
+        buffer this size costs a page fault per 4 KB on every call, which made the gather the costliest
+        op of a decode step after the matmuls)."""
+        key = ("gather", block_size, tuple(entry_shape), dtype)
+        if key not in self._shared:
+            nb = math.ceil(max(self.seq_lens) / block_size)
+            blocks = self.block_tables[:, :nb].reshape(-1).clamp(min=0)  # (B * nb,)
+            shape = (len(blocks), block_size, *entry_shape)
+            device = self.positions.device
+            self._shared[key] = (blocks, torch.empty(shape, dtype=dtype, device=device),
+                                 torch.empty(shape, dtype=dtype, device=device))
+        return self._shared[key]
 
 
 class RMSNorm(nn.Module):
@@ -137,9 +144,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x):  # (N, D)
-        var = x.float().pow(2).mean(-1, keepdim=True)
-        return self.weight * (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype)
+    def forward(self, x):  # (N, D): HF's order, x * rsqrt(mean(x^2) + eps) in float32, then * weight in x's dtype
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,10 +184,8 @@ def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tenso
     else:
         q_pad = q.new_zeros(B, q_max, H, Dh)
         q_pad[row, col] = q
-    blocks = meta.block_tables[:, :math.ceil(c_max / block_size)].reshape(-1).clamp(min=0)  # (B * nb,)
     # index_select, not k_cache[blocks]: a 2-D advanced-indexing gather costs ~1 ms on a CPU, this ~µs.
-    # Padding (-1) reads block 0; those slots lie past the request's length and are masked below.
-    k_buf, v_buf = meta.gather_buffers((len(blocks), *k_cache.shape[1:]), k_cache.dtype)
+    blocks, k_buf, v_buf = meta.gather_plan(block_size, k_cache.shape[2:], k_cache.dtype)
     keys = torch.index_select(k_cache, 0, blocks, out=k_buf).view(B, -1, *k_cache.shape[2:])[:, :c_max]
     values = torch.index_select(v_cache, 0, blocks, out=v_buf).view(B, -1, *v_cache.shape[2:])[:, :c_max]
     out = F.scaled_dot_product_attention(q_pad.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
