@@ -188,9 +188,13 @@ def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tenso
     blocks, k_buf, v_buf = meta.gather_plan(block_size, k_cache.shape[2:], k_cache.dtype)
     keys = torch.index_select(k_cache, 0, blocks, out=k_buf).view(B, -1, *k_cache.shape[2:])[:, :c_max]
     values = torch.index_select(v_cache, 0, blocks, out=v_buf).view(B, -1, *v_cache.shape[2:])[:, :c_max]
+    if q.dtype != torch.float32 and q.device.type == "cpu":
+        # attention in float32: torch's CPU flash kernel is 4-6x slower in bfloat16 with one query
+        # per request (measured 95 vs 23 µs over 129 keys), and float32 is the more accurate
+        q_pad, keys, values = q_pad.float(), keys.float(), values.float()
     out = F.scaled_dot_product_attention(q_pad.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
                                          attn_mask=mask, enable_gqa=H != k_cache.shape[2])  # (B, H, Qmax, Dh)
-    out = out.transpose(1, 2)
+    out = out.transpose(1, 2).to(q.dtype)
     return out.reshape(N, H, Dh) if row is None else out[row, col]  # (N, H, Dh)
 
 
