@@ -43,10 +43,12 @@ def run_hf(model, tokenizer, prompts, max_new_tokens: int, greedy: bool, **kwarg
     input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
     mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
     sampling = {} if greedy else dict(temperature=1.0, top_k=0, top_p=1.0)
+    # eos_token_id = an id no token has: generate neither stops at the model's end token nor masks it
+    # (min_new_tokens would), which is what speclab's ignore_eos does
     with torch.inference_mode():
         out, seconds = timed(lambda: model.generate(
-            input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-            do_sample=not greedy, pad_token_id=pad, **sampling, **kwargs))
+            input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+            eos_token_id=model.config.vocab_size, do_sample=not greedy, pad_token_id=pad, **sampling, **kwargs))
     return [row[width:].tolist() for row in out], seconds
 
 
