@@ -289,6 +289,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self._prepared = False
 
+    @torch.inference_mode(False)  # weights stay ordinary tensors when the first forward prepares them
     def prepare(self) -> None:
         """Fuse the q/k/v and gate/up projections and pack every projection for the CPU's GEMM
         library (speclab.models.packed_linear). Runs before the first forward, and again after the
