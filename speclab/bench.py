@@ -16,6 +16,7 @@ of the same run, and rerun before believing a difference under ~10%.
 
 import argparse
 import copy
+import statistics
 
 import torch
 
@@ -79,11 +80,15 @@ def bench_decode(args) -> None:
           "prompts whose greedy output is identical token for token.")
 
 
-def decode_rate(generate, n: int, repeat: int = 3) -> float:
-    """Decode tokens/s without the prefill: (n - 1) / (t(n tokens) - t(1 token)), medians of `repeat`."""
-    t_n = median_seconds(lambda: generate(n), repeat=repeat, warmup=1)
-    t_1 = median_seconds(lambda: generate(1), repeat=repeat, warmup=0)
-    return (n - 1) / (t_n - t_1)
+def decode_rate(generate, n: int, repeat: int = 5) -> float:
+    """Decode tokens/s without the prefill: the median over `repeat` back-to-back pairs of
+    (n - 1) / (t(n tokens) - t(1 token)); a pair shares the machine's load, which drifts on a shared CPU."""
+    generate(n)  # warm-up
+    rates = []
+    for _ in range(repeat):
+        t_n, t_1 = timed(lambda: generate(n))[1], timed(lambda: generate(1))[1]
+        rates.append((n - 1) / (t_n - t_1) if t_n > t_1 else float("inf"))
+    return statistics.median(rates)
 
 
 def bench_roofline(args) -> None:
@@ -94,7 +99,8 @@ def bench_roofline(args) -> None:
     prompt = prompt_ids(tok, args.target, "codegen" if is_real(args.target) else "code")[0]
     n = args.max_tokens
     bandwidths = [roofline.read_bandwidth()]
-    print(f"roofline at batch 1: decode tokens/s = (n - 1) / (t(n) - t(1)), n = {n}, one {len(prompt)}-token prompt; "
+    print(f"roofline at batch 1: decode tokens/s = (n - 1) / (t(n) - t(1)), median of 5 pairs, n = {n}, one "
+          f"{len(prompt)}-token prompt; "
           f"torch threads = {torch.get_num_threads()}")
     rows = []
     for dtype in args.dtypes:
