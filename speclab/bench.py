@@ -126,11 +126,13 @@ def bench_roofline(args) -> None:
 
 def spec_rows(args, draft: str | None) -> list[tuple[str, str, int]]:
     """(prompt set, method, k) rows: plain and n-gram on every set, the draft where it exists."""
-    sets = REAL_SETS if is_real(args.target) else ("code", "copy", "prose")
+    sets = args.sets or (REAL_SETS if is_real(args.target) else ("code", "copy", "prose"))
     rows = [(s, "none", 0) for s in sets] + [(s, "ngram", args.ngram_k) for s in sets]
-    if draft is None:
+    if args.methods:
+        rows = [r for r in rows if r[1] in args.methods or r[1] == "none"]
+    if draft is None or (args.methods and "draft_model" not in args.methods):
         return rows
-    draft_sets = sets if is_real(args.target) else ("code",)
+    draft_sets = sets if is_real(args.target) or args.sets else ("code",)
     return rows + [(s, "draft_model", k) for k in args.ks for s in draft_sets]
 
 
@@ -267,6 +269,9 @@ def main(argv=None) -> None:
     ap.add_argument("--ngram-k", type=int, default=None, help="n-gram k (default 4; 5 for smollm2)")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--num-prompts", type=int, default=None, help="prompts per set in spec (default 8; 2 for smollm2)")
+    ap.add_argument("--sets", nargs="+", default=None, help="prompt sets for spec (default: every set of the target)")
+    ap.add_argument("--methods", nargs="+", default=None, choices=["none", "ngram", "draft_model"],
+                    help="spec rows to run (default: all; 'none' is the plain baseline the speedups need)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
