@@ -53,6 +53,40 @@ def model_directory(model) -> Path:
     return Path(snapshot_download(where, allow_patterns=["*.json", "*.safetensors", "tokenizer*"]))
 
 
+DTYPE_NAMES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
+               "float16": torch.float16, "half": torch.float16}  # vLLM's --dtype choices, and "auto"
+
+
+def check_dtype(dtype) -> None:
+    """Raise a ValueError naming the choices unless `dtype` is a floating torch dtype or one of vLLM's names."""
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return
+    if isinstance(dtype, str) and (dtype == "auto" or dtype in DTYPE_NAMES):
+        return
+    raise ValueError(f"dtype must be a floating torch.dtype (torch.float32, torch.bfloat16) or one of vLLM's names "
+                     f"{['auto', *DTYPE_NAMES]}, got {dtype!r}")
+
+
+def resolve_dtype(dtype, path: Path, device: str = "cpu") -> torch.dtype:
+    """The torch dtype to run the checkpoint at `path` in.
+
+    "auto" is the checkpoint's own dtype (config.json's `dtype` or `torch_dtype`; float32 when it
+    names none), except that a float16 checkpoint runs in float32 on a CPU: torch has no fast
+    float16 matmul on most CPUs, and float32 is the course's reference (bfloat16 is a choice to make
+    on purpose: its rounding can change a greedy token, see tests/test_10_smollm2_spec.py).
+    """
+    check_dtype(dtype)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype != "auto":
+        return DTYPE_NAMES[dtype]
+    import json
+    config = json.loads((Path(path) / "config.json").read_text())
+    name = config.get("dtype") or config.get("torch_dtype") or "float32"
+    resolved = DTYPE_NAMES.get(str(name).removeprefix("torch."), torch.float32)
+    return torch.float32 if resolved == torch.float16 and str(device).startswith("cpu") else resolved
+
+
 class LLM:
     """Args:
         model: None (the embedded target), "target"/"draft", a checkpoint directory, or a hub id.
@@ -63,7 +97,9 @@ class LLM:
             capped at kv_cache_gb.
         max_num_batched_tokens, max_num_seqs: the scheduler's budget per step.
         seed: the stream for requests without their own seed.
-        dtype: weights and cache dtype.
+        dtype: weights and cache dtype: a torch dtype or vLLM's names, "float32" (the default),
+            "bfloat16", "float16", "auto" (see `resolve_dtype`). Logits, probabilities and
+            verification are float32 whatever it is.
         verifier: "torch", "triton" or "auto" (Triton kernels on a GPU); None reads SPECLAB_VERIFIER.
 
     One `generate` call at a time: the engine is not re-entrant (a second thread gets a clear error).
@@ -72,17 +108,17 @@ class LLM:
     def __init__(self, model=None, *, tokenizer=None, speculative_config: dict | None = None,
                  block_size: int = 16, num_kv_blocks: int | None = None, kv_cache_gb: float = 1.0,
                  max_num_batched_tokens: int = 2048, max_num_seqs: int = 64, seed: int = 0,
-                 dtype: torch.dtype = torch.float32, device: str = "cpu", verifier: str | None = None):
+                 dtype: torch.dtype | str = torch.float32, device: str = "cpu", verifier: str | None = None):
         spec = SpeculativeConfig.from_dict(speculative_config) if speculative_config is not None else None
         k = spec.num_speculative_tokens if spec else 0
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise ValueError(f"dtype must be a floating torch.dtype (torch.float32, torch.bfloat16, ...), got {dtype!r}")
+        check_dtype(dtype)
         if not isinstance(kv_cache_gb, (int, float)) or isinstance(kv_cache_gb, bool) or not kv_cache_gb > 0:
             raise ValueError(f"kv_cache_gb must be a positive number, got {kv_cache_gb!r}")
         config = EngineConfig(num_kv_blocks=1 if num_kv_blocks is None else num_kv_blocks, block_size=block_size,
                               max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, seed=seed,
                               verifier=verifier, num_speculative_tokens=k)  # checked before any model is loaded
         path = model_directory(model)
+        dtype = resolve_dtype(dtype, path, device)
         self.model = load_llama(path, dtype=dtype, device=device)
         from transformers import AutoTokenizer
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_directory(tokenizer) if tokenizer else path))

@@ -92,3 +92,34 @@ def tiny_llama(path, *, vocab_size: int, seed: int = 0, head_scale: float = 1.0,
 def run_engine(engine, prompts, params) -> list[list[int]]:
     """Output token ids of `prompts` run to completion on `engine` (LLMEngine.generate)."""
     return [r.output_token_ids for r in engine.generate(prompts, params)]
+
+
+def truncated_llama(src, dst, num_layers: int = 2):
+    """A stand-in draft: the Llama checkpoint directory `src` cut to its first `num_layers` layers
+    (final norm and tied head kept), saved to `dst` with the same tokenizer; returns `dst`.
+
+    It shares the target's vocabulary and tokenizer, drafts poorly but not randomly, and costs about
+    num_layers / L of the target's layers plus the output head: enough to run `draft_model`
+    speculation and transformers' assisted generation on a real model before a distilled draft exists.
+    """
+    import json
+    import shutil
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    config = json.loads((src / "config.json").read_text())
+    config["num_hidden_layers"] = num_layers
+    (dst / "config.json").write_text(json.dumps(config, indent=1))
+    keep = lambda name: not name.startswith("model.layers.") or int(name.split(".")[2]) < num_layers  # noqa: E731
+    state = {}
+    for f in sorted(src.glob("*.safetensors")):
+        state.update({k: v for k, v in load_file(str(f)).items() if keep(k)})
+    save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                 "generation_config.json"):
+        if (src / name).exists():
+            shutil.copy(src / name, dst / name)
+    return dst

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from speclab.models.packed_linear import PackedLinear
+
 
 @dataclass
 class LlamaConfig:
@@ -81,32 +83,59 @@ class AttentionMetadata:
     query_start_loc: list[int]
     seq_lens: list[int]
     block_tables: torch.Tensor
-    _rope: dict = field(default_factory=dict, repr=False)
+    _shared: dict = field(default_factory=dict, repr=False)  # per-forward tables and buffers of every layer
 
     def rope(self, head_dim: int, theta: float, dtype):
         """cos, sin tables at this batch's positions, computed once per forward (every layer shares them)."""
         key = (head_dim, theta, dtype)
-        if key not in self._rope:
-            self._rope[key] = rope_tables(self.positions, head_dim, theta, dtype)
-        return self._rope[key]
+        if key not in self._shared:
+            self._shared[key] = rope_tables(self.positions, head_dim, theta, dtype)
+        return self._shared[key]
 
     @cached_property
     def padded(self):
         """The batch as a (B, Qmax) rectangle, computed once per forward and shared by every layer.
 
         Returns:
-            row, col: (N,) each token's request and index among that request's new tokens;
-            pos: (B, Qmax) positions of the padded queries (0 for padding); Qmax; Cmax (longest cache).
+            row, col: (N,) each token's request and index among that request's new tokens, or None
+                when every request has Qmax new tokens (a decode batch: the rectangle is a reshape);
+            mask: (B, 1, Qmax, Cmax) bool: query i of request b, at position t, sees keys 0..t of its
+                own cache; None when it would be all True (one request, one new token);
+            Qmax; Cmax (the longest cache).
         """
         device = self.positions.device
-        starts = torch.tensor(self.query_start_loc, device=device)
-        q_lens = starts[1:] - starts[:-1]  # (B,)
-        row = torch.repeat_interleave(torch.arange(len(q_lens), device=device), q_lens)
-        col = torch.arange(len(row), device=device) - starts[:-1][row]
-        q_max = int(q_lens.max())
-        pos = torch.zeros(len(q_lens), q_max, dtype=torch.long, device=device)
-        pos[row, col] = self.positions
-        return row, col, pos, q_max, max(self.seq_lens)
+        q_lens = [b - a for a, b in zip(self.query_start_loc, self.query_start_loc[1:])]
+        q_max, c_max = max(q_lens), max(self.seq_lens)
+        if min(q_lens) == q_max:  # every request has q_max new tokens: no padding
+            row = col = None
+            pos = self.positions.view(len(q_lens), q_max)
+        else:
+            starts = torch.tensor(self.query_start_loc, device=device)
+            row = torch.repeat_interleave(torch.arange(len(q_lens), device=device), starts[1:] - starts[:-1])
+            col = torch.arange(len(row), device=device) - starts[:-1][row]
+            pos = torch.zeros(len(q_lens), q_max, dtype=torch.long, device=device)  # padding queries at 0
+            pos[row, col] = self.positions
+        mask = None
+        if len(q_lens) > 1 or q_max > 1:
+            mask = (torch.arange(c_max, device=device)[None, None, :] <= pos[:, :, None])[:, None]
+        return row, col, mask, q_max, c_max
+
+    def gather_plan(self, block_size: int, entry_shape, dtype):
+        """(blocks, k_buf, v_buf), made once per forward and shared by every layer: the cache blocks
+        that request b reads are blocks[b * nb:(b + 1) * nb] (padding -1 reads block 0, whose slots lie
+        past the request's length and are masked), and two (B * nb, block_size, *entry_shape) buffers
+        the layers gather keys and values into: one allocation per forward, not two per layer (a fresh
+        buffer this size costs a page fault per 4 KB on every call, which made the gather the costliest
+        op of a decode step after the matmuls)."""
+        key = ("gather", block_size, tuple(entry_shape), dtype)
+        if key not in self._shared:
+            nb = math.ceil(max(self.seq_lens) / block_size)
+            blocks = self.block_tables[:, :nb].reshape(-1).clamp(min=0)  # (B * nb,)
+            shape = (len(blocks), block_size, *entry_shape)
+            device = self.positions.device
+            self._shared[key] = (blocks, torch.empty(shape, dtype=dtype, device=device),
+                                 torch.empty(shape, dtype=dtype, device=device))
+        return self._shared[key]
 
 
 class RMSNorm(nn.Module):
@@ -115,9 +144,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x):  # (N, D)
-        var = x.float().pow(2).mean(-1, keepdim=True)
-        return self.weight * (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype)
+    def forward(self, x):  # (N, D): HF's order, x * rsqrt(mean(x^2) + eps) in float32, then * weight in x's dtype
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,18 +178,24 @@ def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tenso
     """
     N, H, Dh = q.shape
     B, block_size = len(meta.seq_lens), k_cache.shape[1]
-    row, col, pos, q_max, c_max = meta.padded  # padding queries sit at position 0
-    q_pad = q.new_zeros(B, q_max, H, Dh)
-    q_pad[row, col] = q
-    blocks = meta.block_tables[:, :math.ceil(c_max / block_size)].reshape(-1).clamp(min=0)  # (B * nb,)
+    row, col, mask, q_max, c_max = meta.padded
+    if row is None:
+        q_pad = q.view(B, q_max, H, Dh)
+    else:
+        q_pad = q.new_zeros(B, q_max, H, Dh)
+        q_pad[row, col] = q
     # index_select, not k_cache[blocks]: a 2-D advanced-indexing gather costs ~1 ms on a CPU, this ~µs.
-    # Padding (-1) reads block 0; those slots lie past the request's length and are masked below.
-    keys = k_cache.index_select(0, blocks).view(B, -1, *k_cache.shape[2:])[:, :c_max]  # (B, Cmax, Hkv, Dh)
-    values = v_cache.index_select(0, blocks).view(B, -1, *v_cache.shape[2:])[:, :c_max]
-    mask = torch.arange(c_max, device=q.device)[None, None, :] <= pos[:, :, None]  # (B, Qmax, Cmax) causal
+    blocks, k_buf, v_buf = meta.gather_plan(block_size, k_cache.shape[2:], k_cache.dtype)
+    keys = torch.index_select(k_cache, 0, blocks, out=k_buf).view(B, -1, *k_cache.shape[2:])[:, :c_max]
+    values = torch.index_select(v_cache, 0, blocks, out=v_buf).view(B, -1, *v_cache.shape[2:])[:, :c_max]
+    if q.dtype != torch.float32 and q.device.type == "cpu":
+        # attention in float32: torch's CPU flash kernel is 4-6x slower in bfloat16 with one query
+        # per request (measured 95 vs 23 µs over 129 keys), and float32 is the more accurate
+        q_pad, keys, values = q_pad.float(), keys.float(), values.float()
     out = F.scaled_dot_product_attention(q_pad.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-                                         attn_mask=mask[:, None], enable_gqa=H != k_cache.shape[2])
-    return out.transpose(1, 2)[row, col]  # (N, H, Dh)
+                                         attn_mask=mask, enable_gqa=H != k_cache.shape[2])  # (B, H, Qmax, Dh)
+    out = out.transpose(1, 2).to(q.dtype)
+    return out.reshape(N, H, Dh) if row is None else out[row, col]  # (N, H, Dh)
 
 
 class Attention(nn.Module):
@@ -174,18 +208,23 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, Hkv * Dh, bias=False)
         self.o_proj = nn.Linear(H * Dh, cfg.hidden_size, bias=False)
 
+    def prepare(self) -> None:
+        """One (H + 2 Hkv) Dh x D projection for q, k and v: one weight read instead of three."""
+        self.qkv = PackedLinear(fuse(self.q_proj, self.k_proj, self.v_proj))
+        self.o = PackedLinear(self.o_proj.weight)
+
     def forward(self, x, meta: AttentionMetadata, k_cache, v_cache):
         """x: (N, D); k_cache, v_cache: (num_blocks, block_size, Hkv, Dh), written in place."""
         cfg, N = self.cfg, x.shape[0]
         H, Hkv, Dh = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         cos, sin = meta.rope(Dh, cfg.rope_theta, x.dtype)
-        q = rotate(self.q_proj(x).view(N, H, Dh), cos, sin)
-        k = rotate(self.k_proj(x).view(N, Hkv, Dh), cos, sin)
-        v = self.v_proj(x).view(N, Hkv, Dh)
-        k_cache.view(-1, Hkv, Dh)[meta.slot_mapping] = k  # write this step's keys and values
-        v_cache.view(-1, Hkv, Dh)[meta.slot_mapping] = v
+        qkv = self.qkv(x)  # (N, (H + 2 Hkv) Dh)
+        qk = rotate(qkv[:, :(H + Hkv) * Dh].view(N, H + Hkv, Dh), cos, sin)  # q's and k's heads at once
+        q, k, v = qk[:, :H], qk[:, H:], qkv[:, (H + Hkv) * Dh:]
+        k_cache.view(-1, Hkv * Dh).index_copy_(0, meta.slot_mapping, k.reshape(N, Hkv * Dh))  # this step's
+        v_cache.view(-1, Hkv * Dh).index_copy_(0, meta.slot_mapping, v)                       # keys, values
         out = paged_attention(q, k_cache, v_cache, meta)  # (N, H, Dh)
-        return self.o_proj(out.reshape(N, H * Dh))
+        return self.o(out.reshape(N, H * Dh))
 
 
 class MLP(nn.Module):
@@ -195,8 +234,26 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
+    def prepare(self) -> None:
+        """One 2I x D projection for gate and up."""
+        self.gate_up = PackedLinear(fuse(self.gate_proj, self.up_proj))
+        self.down = PackedLinear(self.down_proj.weight)
+
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+        gate, up = self.gate_up(x).chunk(2, dim=-1)  # (N, I) each
+        return self.down(F.silu(gate) * up)  # SwiGLU
+
+
+def fuse(*linears: nn.Linear) -> torch.Tensor:
+    """The weights of `linears` concatenated along the output dimension; each module's weight becomes
+    a view into the result, so the model holds one copy and a state dict still loads into it."""
+    fused = torch.cat([m.weight.detach() for m in linears])  # (sum of outs, in)
+    start = 0
+    for m in linears:
+        rows = m.weight.shape[0]
+        m.weight = nn.Parameter(fused[start:start + rows], requires_grad=m.weight.requires_grad)
+        start += rows
+    return fused
 
 
 class DecoderLayer(nn.Module):
@@ -230,6 +287,22 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self._prepared = False
+
+    @torch.inference_mode(False)  # weights stay ordinary tensors when the first forward prepares them
+    def prepare(self) -> None:
+        """Fuse the q/k/v and gate/up projections and pack every projection for the CPU's GEMM
+        library (speclab.models.packed_linear). Runs before the first forward, and again after the
+        weights were moved or converted (`.to()`); an in-place change repacks the weight it touched."""
+        for layer in self.model.layers:
+            layer.self_attn.prepare()
+            layer.mlp.prepare()
+        self.head = PackedLinear(self.lm_head.weight)
+        self._prepared = True
+
+    def _apply(self, fn, recurse=True):  # .to(), .float(), ... give new tensors: fuse and pack again
+        self._prepared = False
+        return super()._apply(fn, recurse)
 
     @torch.inference_mode()
     def forward(self, input_ids, meta: AttentionMetadata, kv_caches, hidden_layers=()):
@@ -243,6 +316,8 @@ class LlamaForCausalLM(nn.Module):
         Returns:
             hidden (N, D) after the final norm, and a list of the requested hidden states.
         """
+        if not self._prepared:
+            self.prepare()
         x = self.model.embed_tokens(input_ids)
         saved = [x] if 0 in hidden_layers else []
         for i, layer in enumerate(self.model.layers, start=1):
@@ -252,8 +327,10 @@ class LlamaForCausalLM(nn.Module):
         return self.model.norm(x), saved
 
     @torch.inference_mode()
-    def compute_logits(self, hidden):  # (M, D) -> (M, V)
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden):  # (M, D) -> (M, V) float32 whatever the weights' dtype
+        if not self._prepared:
+            self.prepare()
+        return self.head(hidden).float()
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype=None, device=None):
         """One (k, v) pair of (num_blocks, block_size, Hkv, Dh) tensors per layer."""
@@ -290,4 +367,6 @@ def load_llama(path, dtype=torch.float32, device="cpu") -> LlamaForCausalLM:
     missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
         raise ValueError(f"{path}: weights do not match a Llama model (missing {missing[:4]}, unexpected {unexpected[:4]})")
-    return model.to(dtype=dtype, device=device).eval()
+    model = model.to(dtype=dtype, device=device).eval()
+    model.prepare()
+    return model

@@ -1,0 +1,66 @@
+"""Projections at memory speed on a CPU: weights packed once, at load time, for oneDNN.
+
+A decode step at batch 1 multiplies one activation row by every weight matrix of the model, so
+its time is the time to read the weights (lesson 00's roofline). How fast that read goes depends
+on the layout the GEMM library is handed. Measured on the course's 2-core AMD EPYC (1 thread,
+torch 2.13, SmolLM2-135M's shapes): `F.linear` on the (out, in) weights ran at about 16 GB/s in
+float32 and 15 GB/s in bfloat16; the same weights reordered once by oneDNN
+(`torch.ops.mkldnn._reorder_linear_weight`, what torch.compile's CPU backend does to a frozen
+model) ran at 25-30 GB/s and 30-35 GB/s, against about 37 GB/s for a plain `sum` over memory.
+
+Packing changes speed, not the function: where oneDNN (or its bfloat16 support) is missing, on a
+GPU, or with SPECLAB_PACKED_LINEAR=0, `PackedLinear` is `F.linear` on the plain weight. The two
+agree within float rounding (they sum in a different order), as two GEMM libraries do.
+"""
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+PACKABLE = (torch.float32, torch.bfloat16)
+
+
+def packing_enabled(weight: torch.Tensor) -> bool:
+    """Whether `weight` can be packed for oneDNN here (CPU, float32/bfloat16, not switched off)."""
+    if os.environ.get("SPECLAB_PACKED_LINEAR", "1") == "0":
+        return False
+    if weight.device.type != "cpu" or weight.dtype not in PACKABLE or not torch.backends.mkldnn.is_available():
+        return False
+    if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return False
+    return weight.dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+class PackedLinear:
+    """y = x W^T without bias, W packed once for oneDNN when possible (see the module docstring).
+
+    Args:
+        weight: (out, in) plain weight. It is kept (the fallback path, and for inspection); the
+            packed copy is derived from it and made again when the weight changes in place (its
+            version counter moves, e.g. under load_state_dict).
+    """
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight
+        self._pack()
+
+    def _pack(self) -> None:
+        self.packed, self._version = None, self.weight._version
+        if packing_enabled(self.weight):
+            try:
+                with torch.no_grad():
+                    self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 1)  # tuned for batch 1
+            except RuntimeError:  # an unsupported shape or build: the plain path is always right
+                self.packed = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # (N, in) -> (N, out)
+        if self.weight._version != self._version:
+            self._pack()
+        if self.packed is None or x.dtype != self.weight.dtype:
+            return F.linear(x, self.weight)
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, None, "none", [], "")
+
+    @property
+    def is_packed(self) -> bool:
+        return self.packed is not None

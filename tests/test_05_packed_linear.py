@@ -1,0 +1,68 @@
+"""The inference forward's fused and packed projections (speclab.models.packed_linear): the same
+function as the plain weights, kept in step with them when they change or move."""
+
+import pytest
+import torch
+
+from speclab.engine.batch import flatten
+from speclab.kv_cache import KVCacheManager
+from speclab.models.llama import LlamaForCausalLM, load_llama
+from speclab.models.packed_linear import PackedLinear, packing_enabled
+from tests.helpers import tiny_llama
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 5, 37])
+def test_packed_linear_equals_f_linear(dtype, rows):
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(96, 40, generator=g).to(dtype)
+    x = torch.randn(rows, 40, generator=g).to(dtype)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2   # a different summation order, then bf16 rounding
+    torch.testing.assert_close(PackedLinear(w)(x).float(), torch.nn.functional.linear(x, w).float(), rtol=tol, atol=tol)
+
+
+def test_packing_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv("SPECLAB_PACKED_LINEAR", "0")
+    w = torch.randn(8, 4)
+    assert not packing_enabled(w) and not PackedLinear(w).is_packed
+
+
+def logits(model, ids=(1, 2, 3, 4, 5)):
+    kv = KVCacheManager(4, 4)
+    kv.allocate("r", 0, len(ids))
+    hidden, _ = model(*flatten(kv, [("r", list(ids), 0)]), model.allocate_kv_cache(4, 4))
+    return model.compute_logits(hidden)
+
+
+@pytest.fixture(scope="module")
+def two_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("packed")
+    tiny_llama(root / "a", vocab_size=50, seed=0)
+    tiny_llama(root / "b", vocab_size=50, seed=1)
+    return root / "a", root / "b"
+
+
+def test_weights_loaded_after_the_first_forward_are_used(two_dirs):
+    """load_state_dict copies into the fused weights in place: the packed copies follow."""
+    a, b = two_dirs
+    model, other = load_llama(a), load_llama(b)
+    before = logits(model)
+    model.load_state_dict(other.state_dict())
+    torch.testing.assert_close(logits(model), logits(other), rtol=0, atol=0)
+    assert not torch.equal(before, logits(model))
+
+
+def test_converting_a_prepared_model_prepares_it_again(two_dirs):
+    a, _ = two_dirs
+    model = load_llama(a)
+    assert logits(model.to(torch.bfloat16)).dtype == torch.float32      # logits stay float32
+    torch.testing.assert_close(logits(model), logits(load_llama(a, dtype=torch.bfloat16)), rtol=0, atol=0)
+
+
+def test_a_model_built_in_code_prepares_itself(two_dirs):
+    a, _ = two_dirs
+    ref = load_llama(a)
+    model = LlamaForCausalLM(ref.config).eval()
+    model.load_state_dict(ref.state_dict())
+    torch.testing.assert_close(logits(model), logits(ref), rtol=0, atol=0)
+    model.load_state_dict(ref.state_dict())         # prepared inside inference_mode: still ordinary tensors
