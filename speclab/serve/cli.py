@@ -71,7 +71,6 @@ def build_server(args):
 def serve(args) -> None:
     import uvicorn
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     server, app = build_server(args)
     print(f"speclab serve: {server.name} on http://{args.host or '0.0.0.0'}:{args.port}/v1 "
           f"(speculative_config={args.speculative_config}, max_num_seqs={args.max_num_seqs}, "
