@@ -64,6 +64,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-result", action="store_true", help="write the result as JSON")
     p.add_argument("--result-dir", default=".")
     p.add_argument("--result-filename", default=None)
+    from speclab.serve.sweep import add_sweep_args
+    add_sweep_args(p)
 
 
 def load_dataset(name: str | None, model: str | None) -> tuple[list, bool]:
@@ -130,7 +132,9 @@ async def run_load(base_url: str, model: str, prompts: list, chat: bool, args) -
             theta = 1.0 / (args.request_rate * args.burstiness)
             await asyncio.sleep(rng.gammavariate(args.burstiness, theta))
     results = await asyncio.gather(*tasks)
-    return results, time.perf_counter() - start
+    duration = time.perf_counter() - start
+    await client.close()
+    return results, duration
 
 
 def spec_counters(base_url: str) -> dict:
@@ -258,6 +262,9 @@ def benchmark(args, base_url: str | None = None, verbose: bool = True) -> dict:
 
 
 def main(args) -> None:
+    if args.sweep:
+        from speclab.serve.sweep import main as sweep_main
+        return sweep_main(args)
     r = benchmark(args)
     if args.save_result:
         rate = r["request_rate"]
