@@ -227,6 +227,16 @@ def test_full_server_answers_503_not_a_hang():
         assert client.completions.create(model=MODEL, prompt="def g():", max_tokens=4).usage.completion_tokens == 4
 
 
+def test_api_key_guards_v1_only():
+    with running_server(["--api-key", "sekrit"]) as url:
+        bad = openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            bad.models.list()
+        good = openai.OpenAI(base_url=url + "/v1", api_key="sekrit", max_retries=0)
+        assert good.completions.create(model=MODEL, prompt="def f():", max_tokens=2).usage.completion_tokens == 2
+        assert requests.get(url + "/health").status_code == 200 and requests.get(url + "/metrics").status_code == 200
+
+
 def test_concurrent_clients_are_batched_in_one_engine(url, offline):
     """Several clients at once: each gets exactly its offline greedy output (continuous batching is exact)."""
     params = SamplingParams(temperature=0, max_tokens=16)

@@ -4,6 +4,9 @@
     GET  /v1/models, /health, /version, /metrics   /metrics: prometheus_client's text format
     GET  /debug/state                              running/waiting/free KV blocks (speclab only)
 
+With --api-key, /v1 paths need `Authorization: Bearer <key>` (401 {"error": "Unauthorized"} otherwise,
+as vLLM answers); /health and /metrics stay open.
+
 Status codes as vLLM's: a body that fails validation or a parameter out of range -> 400 (not
 FastAPI's 422) in the shape {"error": {"message", "type", "param", "code"}}; an unknown model ->
 404; the server full -> 503 with Retry-After; the engine dead -> 503 on /health. A client that
@@ -49,8 +52,8 @@ class Server:
         max_pending: requests held at once (running + waiting) before new ones get 503.
     """
 
-    def __init__(self, llm, served_model_name: str, max_pending: int):
-        self.llm, self.tokenizer, self.name = llm, llm.tokenizer, served_model_name
+    def __init__(self, llm, served_model_name: str, max_pending: int, api_key: str | None = None):
+        self.llm, self.tokenizer, self.name, self.api_key = llm, llm.tokenizer, served_model_name, api_key
         spec = llm.engine.stats if llm.speculative_config is not None else None
         self.metrics = ServingMetrics(served_model_name, spec)
         self.engine = AsyncEngine(llm.engine, self.metrics, max_pending)
@@ -181,6 +184,15 @@ def build_app(server: Server) -> FastAPI:
 
     app = FastAPI(title="speclab serve", lifespan=lifespan)
     app.state.server = server
+
+    if server.api_key is not None:
+        @app.middleware("http")
+        async def authenticate(request: Request, call_next):
+            """vLLM's --api-key: only /v1 paths are guarded; a wrong or missing key gets 401."""
+            if request.method != "OPTIONS" and request.url.path.startswith("/v1") and \
+                    request.headers.get("authorization") != f"Bearer {server.api_key}":
+                return JSONResponse({"error": "Unauthorized"}, status_code=401)
+            return await call_next(request)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):

@@ -47,6 +47,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-pending-requests", type=int, default=None,
                    help="requests held at once (running + waiting) before new ones get HTTP 503 "
                         "(default: 4 x max-num-seqs; speclab only)")
+    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 paths")
     p.add_argument("--log-level", default="warning")
 
 
@@ -64,7 +65,7 @@ def build_server(args):
         path = Path(args.chat_template)
         llm.tokenizer.chat_template = path.read_text() if path.is_file() else args.chat_template
     name = args.served_model_name or args.model or "speclab-target"
-    server = Server(llm, name, args.max_pending_requests or 4 * args.max_num_seqs)
+    server = Server(llm, name, args.max_pending_requests or 4 * args.max_num_seqs, args.api_key)
     return server, build_app(server)
 
 
