@@ -81,11 +81,13 @@ class AdaptivePolicy(SpecPolicy):
         probe_every: while k = 0 wins, one step in this many drafts k_max to keep alpha measured.
         ema: decay per step of the alpha and fill averages (about the last 1 / ema steps count).
         warmup: first decode steps alternate k_max and 0, so both costs are measured before choosing.
+        hysteresis: keep the previous step's k unless another is predicted this much faster.
     """
 
-    def __init__(self, k_max: int, window: int = 256, probe_every: int = 16, ema: float = 0.05, warmup: int = 8):
+    def __init__(self, k_max: int, window: int = 256, probe_every: int = 16, ema: float = 0.05, warmup: int = 8,
+                 hysteresis: float = 0.03):
         super().__init__(k_max)
-        self.probe_every, self.ema, self.warmup = probe_every, ema, warmup
+        self.probe_every, self.ema, self.warmup, self.hysteresis = probe_every, ema, warmup, hysteresis
         self.target = deque(maxlen=window)  # (N tokens, seconds) of decode-only steps
         self.draft = deque(maxlen=window)  # (B, seconds per draft position)
         self.alpha: float | None = None
@@ -94,6 +96,7 @@ class AdaptivePolicy(SpecPolicy):
         self._acc = self._tested = 0.0
         self._since_probe = 0
         self._steps = 0
+        self._decided: int | None = None
 
     # -- measurements ------------------------------------------------------------------------
 
@@ -118,13 +121,22 @@ class AdaptivePolicy(SpecPolicy):
 
     @staticmethod
     def _line(points) -> tuple[float, float]:
-        """(intercept, slope >= 0) of a least-squares line through (x, y) points."""
-        x, y = np.array(points, dtype=np.float64).T
-        if np.ptp(x) == 0:
-            return float(np.median(y)), 0.0  # one x seen: no slope to fit yet
-        slope, intercept = np.polyfit(x, y, 1)
+        """(intercept, slope >= 0) of a line through the medians of (x, y) points grouped by x.
+
+        Medians, not means: on a shared machine a few steps are slowed by other work (or, in the
+        server, by the other threads), and one 10x outlier must not tilt the line.
+        """
+        groups: dict = {}
+        for x, y in points:
+            groups.setdefault(x if x <= 16 else 1 << (int(x) - 1).bit_length(), []).append(y)  # x > 16: by power of 2
+        xs = np.array(sorted(groups), dtype=np.float64)
+        ys = np.array([np.median(groups[x]) for x in sorted(groups)])
+        w = np.sqrt([len(groups[x]) for x in sorted(groups)])
+        if len(xs) == 1:
+            return float(ys[0]), 0.0  # one x seen: no slope to fit yet
+        slope, intercept = np.polyfit(xs, ys, 1, w=w)
         slope = max(float(slope), 0.0)
-        return max(float(np.median(y - slope * x)) if intercept < 0 else float(intercept), 0.0), slope
+        return max(float(np.median(ys - slope * xs)) if intercept < 0 else float(intercept), 0.0), slope
 
     def fit(self) -> dict:
         """The live cost model: T_target(N) = a + b N and the drafter's d0 + d1 B seconds per position."""
@@ -145,7 +157,12 @@ class AdaptivePolicy(SpecPolicy):
         if self._steps < self.warmup or self.alpha is None or len(self.target) < 4:
             return self.k_max if len(self.history) % 2 == 0 else 0  # warm-up: measure both regimes
         model = self.fit()
-        best = max(range(self.k_max + 1), key=lambda k: self.predicted_throughput(model, batch_size, k))
+        tput = [self.predicted_throughput(model, batch_size, k) for k in range(self.k_max + 1)]
+        best = max(range(self.k_max + 1), key=lambda k: tput[k])
+        prev = self._decided if self._decided is not None else best
+        if tput[best] < (1 + self.hysteresis) * tput[prev]:
+            best = prev  # hysteresis: switch only for a clear predicted gain (the fit is noisy)
+        self._decided = best  # (a probe below is not a decision)
         if best == 0:
             self._since_probe += 1
             if self._since_probe >= self.probe_every:

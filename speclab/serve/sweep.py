@@ -7,8 +7,9 @@ For each speculative config (default: none; n-gram k=4 always; the same with spe
 a `speclab serve` subprocess is started on a free port with --max-num-seqs = the largest
 concurrency; then, for each concurrency c, each server in turn gets the same `bench serve` load
 (max concurrency c, max(min_prompts, prompts_per_concurrency x c) prompts). Interleaving the
-servers at each c spreads the shared machine's noise over all configs alike. Results go to one
-JSON (settings, machine, and vLLM's result keys per point) and one figure.
+servers at each c, and rotating their order on each of --sweep-repeats passes, spreads a shared
+machine's noise over all configs alike. Results go to one JSON (settings, machine, and vLLM's result
+keys per point and pass) and one figure; the table and figure show medians over the passes.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts-per-concurrency", type=int, default=2)
     p.add_argument("--min-prompts", type=int, default=4)
     p.add_argument("--server-threads", type=int, default=1, help="torch threads of each server")
+    p.add_argument("--sweep-repeats", type=int, default=1,
+                   help="passes over every (concurrency, config), the configs' order rotated each pass; the table "
+                        "and figure use the median of the passes")
 
 
 def machine() -> str:
@@ -88,18 +92,22 @@ def run_sweep(args) -> dict:
     servers = [start_server(args.model, c["speculative_config"], max(cs), args.server_threads) for c in configs]
     results = []
     try:
-        for c in cs:
-            for cfg, (_, url) in zip(configs, servers):
-                point = argparse.Namespace(**{**vars(args), "max_concurrency": c, "request_rate": float("inf"),
-                                              "num_prompts": max(args.min_prompts, args.prompts_per_concurrency * c),
-                                              "model": None})
-                r = benchmark(point, base_url=url, verbose=False)
-                r.update(label=cfg["label"], concurrency=c, speculative_config=cfg["speculative_config"])
-                results.append(r)
-                acc = f", acceptance {r['spec_decode_acceptance_rate']:.0f}%" if "spec_decode_acceptance_rate" in r else ""
-                print(f"c={c:>3} {cfg['label']:<24} {r['output_throughput']:8.1f} tok/s  median TPOT "
-                      f"{r['median_tpot_ms']:7.1f} ms  median TTFT {r['median_ttft_ms']:8.1f} ms  failed {r['failed']}{acc}",
-                      flush=True)
+        for rep in range(args.sweep_repeats):
+            for c in cs:
+                order = list(range(len(configs)))
+                order = order[rep % len(order):] + order[:rep % len(order)]  # rotate: no config always goes first
+                for i in order:
+                    cfg, (_, url) = configs[i], servers[i]
+                    point = argparse.Namespace(**{**vars(args), "max_concurrency": c, "request_rate": float("inf"),
+                                                  "num_prompts": max(args.min_prompts, args.prompts_per_concurrency * c),
+                                                  "model": None})
+                    r = benchmark(point, base_url=url, verbose=False)
+                    r.update(label=cfg["label"], concurrency=c, speculative_config=cfg["speculative_config"], repeat=rep)
+                    results.append(r)
+                    acc = f", acceptance {r['spec_decode_acceptance_rate']:.0f}%" if "spec_decode_acceptance_rate" in r else ""
+                    print(f"pass {rep} c={c:>3} {cfg['label']:<24} {r['output_throughput']:8.1f} tok/s  median TPOT "
+                          f"{r['median_tpot_ms']:7.1f} ms  median TTFT {r['median_ttft_ms']:8.1f} ms  failed "
+                          f"{r['failed']}{acc}", flush=True)
     finally:
         for proc, _ in servers:
             proc.terminate()
@@ -108,17 +116,29 @@ def run_sweep(args) -> dict:
                          "output_len": args.output_len, "ignore_eos": args.ignore_eos, "temperature": args.temperature,
                          "dataset_name": args.dataset_name or "mixed", "server_threads": args.server_threads,
                          "prompts_per_concurrency": args.prompts_per_concurrency, "min_prompts": args.min_prompts,
+                         "repeats": args.sweep_repeats,
                          "machine": machine(), "command": " ".join(["speclab", "bench", "serve", *sys.argv[3:]])
                          if sys.argv[1:3] == ["bench", "serve"] else " ".join(sys.argv)},
             "results": results}
+
+
+def median_points(data: dict) -> dict:
+    """{(label, concurrency): {metric: median over the passes}} for the metrics the table and plot use."""
+    import statistics
+    groups: dict = {}
+    for r in data["results"]:
+        groups.setdefault((r["label"], r["concurrency"]), []).append(r)
+    keys = ("output_throughput", "median_tpot_ms", "median_ttft_ms", "median_itl_ms")
+    return {g: {k: statistics.median(r[k] for r in rs) for k in keys} | {"passes": len(rs)} for g, rs in groups.items()}
 
 
 def table(data: dict) -> str:
     """Output tok/s per concurrency and config, and each config's ratio to the better of the first two."""
     labels = [c["label"] for c in data["settings"]["configs"]]
     cs = data["settings"]["concurrencies"]
-    get = {(r["label"], r["concurrency"]): r for r in data["results"]}
-    lines = [f"{'concurrency':>11} " + " ".join(f"{lab[:22]:>22}" for lab in labels) + "  ratio to best of first two"]
+    get = median_points(data)
+    lines = [f"output tok/s (median of {data['settings'].get('repeats', 1)} pass(es))",
+             f"{'concurrency':>11} " + " ".join(f"{lab[:22]:>22}" for lab in labels) + "  ratio to best of first two"]
     for c in cs:
         tps = [get[(lab, c)]["output_throughput"] for lab in labels]
         best = max(tps[:2])
@@ -133,9 +153,10 @@ def plot(data: dict, path: str | Path | None = None):
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     cs = data["settings"]["concurrencies"]
+    points = median_points(data)
     for cfg in data["settings"]["configs"]:
-        rows = sorted((r for r in data["results"] if r["label"] == cfg["label"]), key=lambda r: r["concurrency"])
-        x = [r["concurrency"] for r in rows]
+        x = sorted(c for (lab, c) in points if lab == cfg["label"])
+        rows = [points[(cfg["label"], c)] for c in x]
         axes[0].plot(x, [r["output_throughput"] for r in rows], "o-", label=cfg["label"])
         axes[1].plot(x, [r["median_tpot_ms"] for r in rows], "o-", label=cfg["label"])
         axes[2].plot(x, [r["median_ttft_ms"] for r in rows], "o-", label=cfg["label"])
