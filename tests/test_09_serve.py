@@ -186,6 +186,22 @@ def test_metrics_count_what_the_engine_counted(client, url):
     assert metric(url, "speclab:kv_cache_usage_perc") == 0.0
 
 
+def test_latency_histograms_observe_per_request_and_per_step(client, url):
+    """TTFT and E2E: one observation per request; ITL: one per engine step after the first, so with
+    accepted drafts fewer observations than tokens (vLLM's semantics)."""
+    wait_idle(url)
+    names = ["time_to_first_token_seconds_count", "e2e_request_latency_seconds_count",
+             "inter_token_latency_seconds_count", "time_per_output_token_seconds_count"]
+    before = {n: metric(url, f"speclab:{n}") for n in names}
+    r = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=32, temperature=0)
+    wait_idle(url)
+    d = {n: metric(url, f"speclab:{n}") - before[n] for n in names}
+    assert d["time_to_first_token_seconds_count"] == 1 and d["e2e_request_latency_seconds_count"] == 1
+    assert d["inter_token_latency_seconds_count"] == d["time_per_output_token_seconds_count"]
+    assert 1 <= d["inter_token_latency_seconds_count"] < r.usage.completion_tokens - 1, \
+        "a copy-heavy prompt accepts drafts: fewer engine steps (ITL observations) than tokens"
+
+
 def test_disconnect_mid_stream_aborts_and_frees_blocks(url):
     wait_idle(url)
     aborted = metric(url, "speclab:request_success_total", finished_reason="abort")

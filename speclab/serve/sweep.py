@@ -111,7 +111,11 @@ def run_sweep(args) -> dict:
     finally:
         for proc, _ in servers:
             proc.terminate()
-            proc.wait(timeout=60)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # uvicorn waits for open connections; a killed run may leave some
+                proc.kill()
+                proc.wait()
     return {"settings": {"model": args.model or "speclab-target", "concurrencies": cs, "configs": configs,
                          "output_len": args.output_len, "ignore_eos": args.ignore_eos, "temperature": args.temperature,
                          "dataset_name": args.dataset_name or "mixed", "server_threads": args.server_threads,
