@@ -103,8 +103,9 @@ class Server:
         while True:
             d: Delta = await stream.get()
             piece = text.push(d.token_ids, d.finished)
-            if text.stopped and not d.finished:
-                self.engine.abort(key, "stop")
+            if text.stopped:  # the text ends before the stop string: finish_reason "stop" (OpenAI's rule)
+                if not d.finished:
+                    self.engine.abort(key, "stop")
                 d = Delta(d.token_ids, True, "stop")
             yield piece, d
             if d.finished:
