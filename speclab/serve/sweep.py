@@ -84,13 +84,15 @@ def start_server(model: str | None, spec: dict | None, max_num_seqs: int, thread
         time.sleep(0.5)
 
 
-def run_sweep(args) -> dict:
+def run_sweep(args, on_point=None) -> dict:
+    """Run the sweep; `on_point(data)` is called after every point with the results so far."""
     from speclab.serve.bench_serve import benchmark
 
     configs = json.loads(args.sweep_configs) if args.sweep_configs else DEFAULT_CONFIGS
     cs = [int(c) for c in args.concurrencies.split(",")]
+    data = {"settings": sweep_settings(args, configs, cs), "results": []}
+    results = data["results"]
     servers = [start_server(args.model, c["speculative_config"], max(cs), args.server_threads) for c in configs]
-    results = []
     try:
         for rep in range(args.sweep_repeats):
             for c in cs:
@@ -104,6 +106,8 @@ def run_sweep(args) -> dict:
                     r = benchmark(point, base_url=url, verbose=False)
                     r.update(label=cfg["label"], concurrency=c, speculative_config=cfg["speculative_config"], repeat=rep)
                     results.append(r)
+                    if on_point is not None:
+                        on_point(data)
                     acc = f", acceptance {r['spec_decode_acceptance_rate']:.0f}%" if "spec_decode_acceptance_rate" in r else ""
                     print(f"pass {rep} c={c:>3} {cfg['label']:<24} {r['output_throughput']:8.1f} tok/s  median TPOT "
                           f"{r['median_tpot_ms']:7.1f} ms  median TTFT {r['median_ttft_ms']:8.1f} ms  failed "
@@ -116,14 +120,16 @@ def run_sweep(args) -> dict:
             except subprocess.TimeoutExpired:  # uvicorn waits for open connections; a killed run may leave some
                 proc.kill()
                 proc.wait()
-    return {"settings": {"model": args.model or "speclab-target", "concurrencies": cs, "configs": configs,
-                         "output_len": args.output_len, "ignore_eos": args.ignore_eos, "temperature": args.temperature,
-                         "dataset_name": args.dataset_name or "mixed", "server_threads": args.server_threads,
-                         "prompts_per_concurrency": args.prompts_per_concurrency, "min_prompts": args.min_prompts,
-                         "repeats": args.sweep_repeats,
-                         "machine": machine(), "command": " ".join(["speclab", "bench", "serve", *sys.argv[3:]])
-                         if sys.argv[1:3] == ["bench", "serve"] else " ".join(sys.argv)},
-            "results": results}
+    return data
+
+
+def sweep_settings(args, configs, cs) -> dict:
+    return {"model": args.model or "speclab-target", "concurrencies": cs, "configs": configs,
+            "output_len": args.output_len, "ignore_eos": args.ignore_eos, "temperature": args.temperature,
+            "dataset_name": args.dataset_name or "mixed", "server_threads": args.server_threads,
+            "prompts_per_concurrency": args.prompts_per_concurrency, "min_prompts": args.min_prompts,
+            "repeats": args.sweep_repeats, "machine": machine(),
+            "command": " ".join(["speclab", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else " ".join(sys.argv)}
 
 
 def median_points(data: dict) -> dict:
@@ -144,6 +150,8 @@ def table(data: dict) -> str:
     lines = [f"output tok/s (median of {data['settings'].get('repeats', 1)} pass(es))",
              f"{'concurrency':>11} " + " ".join(f"{lab[:22]:>22}" for lab in labels) + "  ratio to best of first two"]
     for c in cs:
+        if any((lab, c) not in get for lab in labels):
+            continue  # an interrupted sweep: this concurrency was not measured for every config
         tps = [get[(lab, c)]["output_throughput"] for lab in labels]
         best = max(tps[:2])
         lines.append(f"{c:>11} " + " ".join(f"{t:>22.1f}" for t in tps) + "  " +
@@ -182,11 +190,16 @@ def plot(data: dict, path: str | Path | None = None):
 
 
 def main(args) -> None:
-    data = run_sweep(args)
+    stem = Path(args.result_dir) / (args.result_filename or f"serve_sweep_{Path(args.model or 'speclab-target').name}")
+
+    def save(data):  # after every point, so that an interrupted sweep keeps what it measured
+        if args.save_result:
+            stem.parent.mkdir(parents=True, exist_ok=True)
+            stem.with_suffix(".json").write_text(json.dumps(data, indent=1))
+
+    data = run_sweep(args, on_point=save)
     print(table(data))
     if args.save_result:
-        stem = Path(args.result_dir) / (args.result_filename or f"serve_sweep_{Path(data['settings']['model']).name}")
-        stem.parent.mkdir(parents=True, exist_ok=True)
-        stem.with_suffix(".json").write_text(json.dumps(data, indent=1))
+        save(data)
         plot(data, stem.with_suffix(".png"))
         print(f"saved {stem.with_suffix('.json')} and {stem.with_suffix('.png')}")
