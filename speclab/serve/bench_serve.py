@@ -232,6 +232,17 @@ def print_result(r: dict, args) -> None:
     print("=" * 50)
 
 
+def run_async(coro):
+    """asyncio.run, also from inside a running loop (a notebook): then in a worker thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
 def benchmark(args, base_url: str | None = None, verbose: bool = True) -> dict:
     """Run one benchmark against a running server; returns vLLM's result dict (+ run settings)."""
     import requests
@@ -246,10 +257,10 @@ def benchmark(args, base_url: str | None = None, verbose: bool = True) -> dict:
     rng = random.Random(args.seed)
     order = [prompts[i % len(prompts)] for i in range(args.num_prompts)]
     rng.shuffle(order)
-    asyncio.run(run_load(base_url, model, order[:1], chat, argparse.Namespace(**{**vars(args), "max_concurrency": 1,
+    run_async(run_load(base_url, model, order[:1], chat, argparse.Namespace(**{**vars(args), "max_concurrency": 1,
                                                                                   "request_rate": float("inf")})))
     before = spec_counters(base_url)
-    results, duration = asyncio.run(run_load(base_url, model, order, chat, args))
+    results, duration = run_async(run_load(base_url, model, order, chat, args))
     after = spec_counters(base_url)
     r = {"date": datetime.now().strftime("%Y%m%d-%H%M%S"), "endpoint_type": "chat" if chat else "completions",
          "backend": "openai-chat" if chat else "openai", "label": args.label, "model_id": model,
