@@ -268,3 +268,17 @@ def test_concurrent_clients_are_batched_in_one_engine(url, offline):
     assert asyncio.run(run()) == want
     wait_idle(url)
 
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--speculative-config", "{method: ngram}"], "not valid JSON"),
+    (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 4}'],
+     "num_speculative_tokens_per_batch_size"),
+    (["--speculative-config", '{"method": "ngram"}'], "num_speculative_tokens must be provided"),
+    (["--max-num-seqs", "0"], "max_num_seqs"),
+])
+def test_bad_serve_flags_exit_with_the_reason(flags, needle, capsys):
+    from speclab.serve.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["serve", *flags])
+    assert e.value.code == 2 and needle in capsys.readouterr().err

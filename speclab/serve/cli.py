@@ -88,7 +88,10 @@ def main(argv=None) -> None:
     add_bench_args(bench.add_parser("serve", help="load a running server (as `vllm bench serve`)"))
     args = parser.parse_args(argv)
     if args.command == "serve":
-        serve(args)
+        try:
+            serve(args)
+        except (ValueError, NotImplementedError, TypeError) as e:  # a bad flag value: say which, no traceback
+            parser.error(str(e))
     else:
         from speclab.serve.bench_serve import main as bench_main
         bench_main(args)
