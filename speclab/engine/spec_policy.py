@@ -112,7 +112,7 @@ class AdaptivePolicy(SpecPolicy):
             acc, tested = stats.num_accepted_tokens, stats.num_positions_tested
             d_acc, d_tested = acc - self._last[0], tested - self._last[1]
             self._last = (acc, tested)
-            if d_tested > 0:  # decayed sums of accepted and tested positions: a steps' weight grows with its drafts
+            if d_tested > 0:  # decayed sums of accepted and tested positions: a step weighs by its drafts
                 self._acc = (1 - self.ema) * self._acc + d_acc
                 self._tested = (1 - self.ema) * self._tested + d_tested
                 self.alpha = self._acc / self._tested
@@ -154,6 +154,7 @@ class AdaptivePolicy(SpecPolicy):
         return tokens / seconds if seconds > 0 else 0.0
 
     def num_drafts(self, batch_size: int) -> int:
+        """The k for this step (call once per step: it advances the probe counter and the hysteresis)."""
         if self._steps < self.warmup or self.alpha is None or len(self.target) < 4:
             return self.k_max if len(self.history) % 2 == 0 else 0  # warm-up: measure both regimes
         model = self.fit()
