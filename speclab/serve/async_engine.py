@@ -212,6 +212,26 @@ class AsyncEngine:
     def debug_state(self) -> dict:
         """A snapshot for tests and operators (read without locking: counts may be one step apart)."""
         s, kv = self.engine.scheduler, self.engine.kv
-        return {"num_running": len(s.running), "num_waiting": len(s.waiting), "num_tracked": len(self._tracked),
-                "num_free_kv_blocks": kv.num_free_blocks, "num_kv_blocks": kv.pool.num_blocks,
-                "alive": self.alive}
+        state = {"num_running": len(s.running), "num_waiting": len(s.waiting), "num_tracked": len(self._tracked),
+                 "num_free_kv_blocks": kv.num_free_blocks, "num_kv_blocks": kv.pool.num_blocks, "alive": self.alive}
+        policy = self.engine.spec_policy
+        if policy is not None:  # which k the dynamic policy chose lately, by batch size
+            for _ in range(10):  # the engine thread may append while we copy: try again
+                try:
+                    state["spec_policy"] = self._policy_state(policy)
+                    break
+                except RuntimeError:  # deque mutated during iteration
+                    continue
+        return state
+
+    @staticmethod
+    def _policy_state(policy) -> dict:
+        recent = list(zip(list(policy.batch_sizes)[-500:], list(policy.history)[-500:]))
+        by_size: dict = {}
+        for b, k in recent:
+            by_size.setdefault(str(b), {}).setdefault(str(k), 0)
+            by_size[str(b)][str(k)] += 1
+        out = {"type": type(policy).__name__, "recent_k_by_batch_size": by_size}
+        if hasattr(policy, "fit") and policy.target:
+            out["fit"] = policy.fit()
+        return out

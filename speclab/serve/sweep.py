@@ -86,6 +86,8 @@ def start_server(model: str | None, spec: dict | None, max_num_seqs: int, thread
 
 def run_sweep(args, on_point=None) -> dict:
     """Run the sweep; `on_point(data)` is called after every point with the results so far."""
+    import requests
+
     from speclab.serve.bench_serve import benchmark
 
     configs = json.loads(args.sweep_configs) if args.sweep_configs else DEFAULT_CONFIGS
@@ -105,6 +107,7 @@ def run_sweep(args, on_point=None) -> dict:
                                                   "model": None})
                     r = benchmark(point, base_url=url, verbose=False)
                     r.update(label=cfg["label"], concurrency=c, speculative_config=cfg["speculative_config"], repeat=rep)
+                    r["server_state"] = requests.get(url + "/debug/state", timeout=30).json()  # the k chosen, by batch
                     results.append(r)
                     if on_point is not None:
                         on_point(data)
