@@ -83,8 +83,9 @@ def test_schedule_turns_speculation_off_at_large_batches():
     assert all(k == (4 if b == 1 else 0) for k, b in zip(p.history, p.batch_sizes))
 
 
-def synthetic(policy, alpha: float, a: float, b: float, steps: int = 200, batch_size: int = 8, k: int = 4):
-    """Feed a policy steps measured under a known cost model: T(N) = a + b N, free drafting, acceptance alpha."""
+def synthetic(policy, alpha: float, a: float, b: float, steps: int = 200, batch_size: int = 8, k: int = 4,
+              c: float = 0.0):
+    """Feed a policy steps measured under a known cost model: T = a + b N + c R, free drafting, acceptance alpha."""
     stats = SpecDecodingStats(k)
     for i in range(steps):
         kk = policy.choose(batch_size)
@@ -95,9 +96,10 @@ def synthetic(policy, alpha: float, a: float, b: float, steps: int = 200, batch_
                 while acc < kk and (i * 7919 + acc * 104729) % 1000 < 1000 * alpha:
                     acc += 1
                 stats.observe(kk, acc)
-        policy.observe(num_tokens=n + (i % 3), decode_only=True, target_seconds=a + b * (n + (i % 3)),
+        r = batch_size if kk else 0
+        policy.observe(num_tokens=n + (i % 3), decode_only=True, target_seconds=a + b * (n + (i % 3)) + c * r,
                        batch_size=batch_size, num_drafted=kk * batch_size, num_requested=kk * batch_size, k=kk,
-                       draft_seconds=0.0, stats=stats)
+                       draft_seconds=0.0, stats=stats, num_verifying=r, num_with_drafts=batch_size if kk else 0)
     return policy
 
 
@@ -111,8 +113,20 @@ def test_adaptive_speculates_when_compute_is_spare_and_stops_when_it_is_not():
     assert ks.count(0) >= 56 and ks.count(4) >= 2, "mostly off, with a probe of k_max one step in probe_every"
 
 
+def test_adaptive_learns_the_cost_of_a_request_with_drafts():
+    """A step costs c more per request that verifies drafts (beyond its tokens): the fit finds c, and
+    with c large enough drafting stops paying even though tokens are cheap."""
+    p = synthetic(AdaptivePolicy(4), alpha=0.5, a=0.01, b=0.0002, c=0.004, batch_size=16)
+    m = p.fit()
+    assert m["c"] == pytest.approx(0.004, rel=0.05) and m["b"] == pytest.approx(0.0002, rel=0.2), m
+    assert AdaptivePolicy.predicted_throughput(m, 16, 0) > max(AdaptivePolicy.predicted_throughput(m, 16, k)
+                                                               for k in range(1, 5))
+    cheap = synthetic(AdaptivePolicy(4), alpha=0.5, a=0.01, b=0.0002, c=0.0, batch_size=16)
+    assert cheap.num_drafts(16) > 0, cheap.fit()
+
+
 def test_adaptive_model_is_lesson_02s_formula():
-    m = {"a": 1.0, "b": 0.0, "d0": 0.1, "d1": 0.0, "alpha": 0.5, "fill": 1.0}
+    m = {"a": 1.0, "b": 0.0, "c": 0.0, "d0": 0.1, "d1": 0.0, "alpha": 0.5, "fill": 1.0, "share": 1.0}
     # (1 - alpha^(k+1)) / (1 - alpha) tokens over a target step plus k draft steps of c = 0.1
     for k in range(5):
         want = (1 - 0.5 ** (k + 1)) / 0.5 / (1 + 0.1 * k)

@@ -148,8 +148,9 @@ class LLMEngine:
         self.spec_policy.observe(
             num_tokens=sum(s.num_new_tokens for s in scheduled), target_seconds=t_target, batch_size=len(decoding),
             decode_only=bool(scheduled) and all(s.num_new_tokens == 1 + s.num_spec_tokens for s in scheduled),
+            num_verifying=sum(1 for s in scheduled if s.num_spec_tokens),
             num_drafted=sum(len(ids) for ids, _ in drafts.values()), num_requested=k * len(decoding), k=k,
-            draft_seconds=t_draft, stats=self.stats)
+            num_with_drafts=sum(1 for ids, _ in drafts.values() if ids), draft_seconds=t_draft, stats=self.stats)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
