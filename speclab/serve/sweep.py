@@ -1,7 +1,7 @@
 """The concurrency sweep: throughput and latency against concurrency, with and without speculation.
 
     speclab bench serve --sweep --model smollm2 --concurrencies 1,4,16,64 --output-len 48 \
-        --save-result --result-dir figures --result-filename serve_sweep_smollm2
+        --save-result --result-dir speclab/data --result-filename serve_sweep_smollm2
 
 For each speculative config (default: none; n-gram k=4 always; the same with speclab's adaptive k)
 a `speclab serve` subprocess is started on a free port with --max-num-seqs = the largest
