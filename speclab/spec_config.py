@@ -3,9 +3,20 @@
     LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 5,
                             "prompt_lookup_max": 4, "prompt_lookup_min": 2})
     LLM(speculative_config={"method": "draft_model", "model": "draft", "num_speculative_tokens": 4})
+    LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+                            "num_speculative_tokens_per_batch_size": {"1-8": 4, "9-32": 2, "33-1024": 0}})
+    LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 4, "adaptive": True})  # speclab's
+
+Dynamic speculation (lesson 09): vLLM's `num_speculative_tokens_per_batch_size` maps inclusive
+batch-size ranges to k (0: off), as a JSON object {"1-8": 4, ...} or a list of [start, end, k]; it
+replaced `disable_by_batch_size`, which did nothing in vLLM v1 and was removed (PR #35060), so that key
+is refused with the replacement. `adaptive` (speclab's own key) picks k each step from live measurements.
 """
 
+import re
 from dataclasses import dataclass, fields
+
+from speclab.engine.spec_policy import AdaptivePolicy, BatchSizeSchedule, SpecPolicy
 
 METHODS = ("ngram", "draft_model")
 NOT_YET = ("eagle", "eagle3", "mtp", "medusa", "mlp_speculator", "suffix", "ngram_gpu", "dflash")
@@ -21,6 +32,9 @@ class SpeculativeConfig:
         prompt_lookup_max, prompt_lookup_min: n-gram sizes (ngram); one set copies to the other.
         draft_sample_method: "greedy" (argmax drafts, q treated as one-hot, vLLM's default) or
             "probabilistic" (drafts sampled from q, q kept for verification: higher acceptance at T > 0).
+        num_speculative_tokens_per_batch_size: vLLM's dynamic k: {"start-end": k} or [[start, end, k], ...],
+            inclusive ranges, 0 = off; normalized to a sorted list of (start, end, k).
+        adaptive: speclab's adaptive k (0..num_speculative_tokens) from live acceptance and costs.
     """
 
     method: str | None = None
@@ -29,12 +43,18 @@ class SpeculativeConfig:
     prompt_lookup_max: int | None = None
     prompt_lookup_min: int | None = None
     draft_sample_method: str = "greedy"
+    num_speculative_tokens_per_batch_size: dict | list | None = None
+    adaptive: bool = False
 
     @classmethod
     def from_dict(cls, d: dict) -> "SpeculativeConfig":
         if not isinstance(d, dict):
             raise TypeError(f"speculative_config must be a dict of vLLM's keys, got {type(d).__name__}")
         valid = [f.name for f in fields(cls)]
+        if "disable_by_batch_size" in d:
+            raise ValueError("'disable_by_batch_size' did nothing in vLLM v1 and was removed (PR #35060): use "
+                             "'num_speculative_tokens_per_batch_size', e.g. {\"1-16\": 4, \"17-4096\": 0} to stop "
+                             "speculating above batch 16, or speclab's 'adaptive': true")
         if "tensor_parallel_size" in d:
             raise ValueError("'tensor_parallel_size' is not a valid argument in the speculative_config "
                              "(vLLM takes 'draft_tensor_parallel_size'; speclab runs on one device)")
@@ -65,6 +85,7 @@ class SpeculativeConfig:
             raise ValueError(f"Expected num_speculative_tokens to be greater than zero ({self.num_speculative_tokens})")
         if self.draft_sample_method not in DRAFT_SAMPLE_METHODS:
             raise ValueError(f"draft_sample_method must be one of {DRAFT_SAMPLE_METHODS}, got {self.draft_sample_method!r}")
+        self._validate_dynamic()
         if self.method == "ngram":
             self._validate_ngram()
         elif self.model is None:
@@ -86,3 +107,56 @@ class SpeculativeConfig:
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"prompt_lookup_min={self.prompt_lookup_min} must be <= "
                              f"prompt_lookup_max={self.prompt_lookup_max}")
+
+    def _validate_dynamic(self) -> None:
+        table = self.num_speculative_tokens_per_batch_size
+        if not isinstance(self.adaptive, bool):
+            raise ValueError(f"adaptive must be true or false, got {self.adaptive!r}")
+        if table is None:
+            return
+        if self.adaptive:
+            raise ValueError("give either 'num_speculative_tokens_per_batch_size' (a fixed table) or 'adaptive': "
+                             "true (k chosen from live measurements), not both")
+        self.num_speculative_tokens_per_batch_size = parse_batch_size_table(table, self.num_speculative_tokens)
+
+    def make_policy(self) -> SpecPolicy | None:
+        """The engine's per-step k policy, or None for a fixed k."""
+        if self.adaptive:
+            return AdaptivePolicy(self.num_speculative_tokens)
+        if self.num_speculative_tokens_per_batch_size is not None:
+            return BatchSizeSchedule(self.num_speculative_tokens, self.num_speculative_tokens_per_batch_size)
+        return None
+
+
+def parse_batch_size_table(table, k_max: int) -> list[tuple[int, int, int]]:
+    """{"1-16": 3, "17-64": 0} or [[1, 16, 3], [17, 64, 0]] -> [(1, 16, 3), (17, 64, 0)], checked."""
+    fix = ('num_speculative_tokens_per_batch_size maps inclusive batch-size ranges to k, e.g. '
+           '{"1-16": 4, "17-64": 2, "65-4096": 0} or [[1, 16, 4], [17, 64, 2], [65, 4096, 0]]')
+    if isinstance(table, dict):
+        rows = []
+        for key, k in table.items():
+            m = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", str(key))
+            if not m:
+                raise ValueError(f"range {key!r} is not 'start-end': {fix}")
+            rows.append((int(m.group(1)), int(m.group(2)), k))
+    elif isinstance(table, (list, tuple)):
+        if not all(isinstance(r, (list, tuple)) and len(r) == 3 for r in table):
+            raise ValueError(f"every entry must be [start, end, k], got {table!r}: {fix}")
+        rows = [tuple(r) for r in table]
+    else:
+        raise ValueError(f"got {type(table).__name__}: {fix}")
+    if not rows:
+        raise ValueError(f"the table is empty: {fix}")
+    for start, end, k in rows:
+        if any(isinstance(x, bool) or not isinstance(x, int) for x in (start, end, k)):
+            raise ValueError(f"range {start}-{end} -> {k!r}: bounds and k must be integers; {fix}")
+        if not 1 <= start <= end:
+            raise ValueError(f"range {start}-{end}: need 1 <= start <= end; {fix}")
+        if not 0 <= k <= k_max:
+            raise ValueError(f"range {start}-{end} -> k={k}: k must be in [0, num_speculative_tokens={k_max}] "
+                             f"(num_speculative_tokens is the maximum, 0 turns speculation off)")
+    rows.sort()
+    for (s0, e0, _), (s1, e1, _) in zip(rows, rows[1:]):
+        if s1 <= e0:
+            raise ValueError(f"ranges {s0}-{e0} and {s1}-{e1} overlap: each batch size must have one k")
+    return rows

@@ -12,6 +12,7 @@ state, the runner runs the model (and the proposer), the proposer only proposes.
 import itertools
 import math
 import numbers
+import time
 
 import torch
 
@@ -19,7 +20,8 @@ from speclab.engine.config import EngineConfig
 from speclab.engine.model_runner import ModelRunner
 from speclab.engine.proposer import Proposer
 from speclab.engine.request import Request
-from speclab.engine.scheduler import Scheduler
+from speclab.engine.scheduler import Scheduler, SchedulerOutput
+from speclab.engine.spec_policy import SpecPolicy
 from speclab.kv_cache import KVCacheManager
 from speclab.metrics import SpecDecodingStats
 from speclab.models.llama import LlamaForCausalLM
@@ -32,10 +34,11 @@ class LLMEngine:
         config: an EngineConfig, or its fields as keyword arguments (num_kv_blocks, block_size,
             max_num_batched_tokens, max_num_seqs, seed, verifier, num_lookahead_tokens).
         proposer: drafts tokens for decoding requests (None: plain decoding).
+        spec_policy: picks each step's k (engine/spec_policy.py); None: always the proposer's k.
     """
 
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig | None = None, *,
-                 proposer: Proposer | None = None, **knobs):
+                 proposer: Proposer | None = None, spec_policy: SpecPolicy | None = None, **knobs):
         if config is None:
             knobs.setdefault("num_speculative_tokens", proposer.num_speculative_tokens if proposer else 0)
             config = EngineConfig(**knobs)
@@ -44,6 +47,7 @@ class LLMEngine:
         self.model = model
         self.config = config
         self.proposer = proposer
+        self.spec_policy = spec_policy if proposer is not None else None
         self.max_model_len = model.config.max_position_embeddings
         self.kv = KVCacheManager(config.num_kv_blocks, config.block_size)
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs,
@@ -117,7 +121,9 @@ class LLMEngine:
     def step(self) -> list[Request]:
         """One forward over the scheduled batch. Returns the requests that finished."""
         output = self.scheduler.schedule()
+        t0 = time.perf_counter()
         result = self.runner.execute(output)
+        t_target = time.perf_counter() - t0
         if self.trace is not None:  # (request id, drafts verified, tokens emitted): for lessons and debugging
             for s in output.scheduled:
                 if s.request.request_id in result.sampled:
@@ -125,8 +131,26 @@ class LLMEngine:
                                        list(result.sampled[s.request.request_id])))
         step = self.scheduler.update_from_output(output, result.sampled, result.errors)
         self.runner.remove_requests([r.request_id for r in step.finished])
-        self.scheduler.update_draft_token_ids(self.runner.propose(step.decoding))
+        if self.spec_policy is None:
+            self.scheduler.update_draft_token_ids(self.runner.propose(step.decoding))
+        else:
+            self._propose_with_policy(output, step.decoding, t_target)
         return step.finished
+
+    def _propose_with_policy(self, output: SchedulerOutput, decoding, t_target: float) -> None:
+        """Draft the k the policy picks for this batch size, and report the step's costs to it."""
+        k = self.spec_policy.choose(len(decoding)) if decoding else 0
+        t0 = time.perf_counter()
+        drafts = self.runner.propose(decoding, k)
+        t_draft = time.perf_counter() - t0
+        self.scheduler.update_draft_token_ids(drafts)
+        scheduled = output.scheduled
+        self.spec_policy.observe(
+            num_tokens=sum(s.num_new_tokens for s in scheduled), target_seconds=t_target, batch_size=len(decoding),
+            decode_only=bool(scheduled) and all(s.num_new_tokens == 1 + s.num_spec_tokens for s in scheduled),
+            num_verifying=sum(1 for s in scheduled if s.num_spec_tokens),
+            num_drafted=sum(len(ids) for ids, _ in drafts.values()), num_requested=k * len(decoding), k=k,
+            num_with_drafts=sum(1 for ids, _ in drafts.values() if ids), draft_seconds=t_draft, stats=self.stats)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -152,11 +152,12 @@ class ModelRunner:
     # ------------------------------------------------------------------------------------------
     # drafting
 
-    def propose(self, requests) -> dict[str, tuple[list[int], torch.Tensor | None]]:
-        """Drafts for the next step of requests that sampled this step and are still running."""
+    def propose(self, requests, k: int | None = None) -> dict[str, tuple[list[int], torch.Tensor | None]]:
+        """Drafts for the next step of requests that sampled this step and are still running; at most
+        k each (None: the proposer's k; a speculation policy may ask for fewer, 0 included)."""
         if not self.proposer or not requests:
             return {}
-        k = self.proposer.num_speculative_tokens
+        k = self.proposer.num_speculative_tokens if k is None else min(k, self.proposer.num_speculative_tokens)
         limits = [max(0, min(k, r.params.max_tokens - len(r.output_token_ids) - 1)) for r in requests]
         proposals = self.proposer.propose(requests, limits)
         return {r.request_id: (p.token_ids[:n], None if p.draft_probs is None else p.draft_probs[:n])

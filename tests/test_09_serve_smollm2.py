@@ -1,0 +1,39 @@
+"""`speclab serve smollm2`: the real model's own chat template through /v1/chat/completions, greedy
+output equal to offline LLM.chat, with n-gram speculation. Skips without the model's wheel."""
+
+import json
+
+import pytest
+
+openai = pytest.importorskip("openai", reason="the serve extra is not installed: pip install -e '.[serve]'")
+pytest.importorskip("fastapi", reason="the serve extra is not installed: pip install -e '.[serve]'")
+
+from speclab import LLM, SamplingParams  # noqa: E402
+from speclab.data.chat_prompts import load_chat_prompts  # noqa: E402
+from speclab.models import smollm2  # noqa: E402
+from speclab.serve.launch import running_server  # noqa: E402
+
+try:
+    smollm2.gguf_path()
+    HAVE_WHEEL = True
+except FileNotFoundError:
+    HAVE_WHEEL = False
+
+pytestmark = [pytest.mark.real_model,
+              pytest.mark.skipif(not HAVE_WHEEL, reason=f"the real model's wheel is not installed: "
+                                                        f"run `{smollm2.INSTALL_HINT}` or `make setup`")]
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+
+def test_chat_on_the_real_model_equals_offline_chat():
+    conv = load_chat_prompts("edit")[0]
+    offline = LLM(model="smollm2", speculative_config=NGRAM, max_num_seqs=4)
+    want = offline.chat(conv, SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)[0].outputs[0]
+    with running_server(["smollm2", "--speculative-config", json.dumps(NGRAM), "--max-num-seqs", "4"]) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="EMPTY", max_retries=0, timeout=120)
+        r = client.chat.completions.create(model="smollm2", messages=conv, max_tokens=24, temperature=0)
+        assert r.choices[0].message.content == want.text
+        assert r.usage.completion_tokens == len(want.token_ids)
+        chunks = list(client.chat.completions.create(model="smollm2", messages=conv, max_tokens=24, temperature=0,
+                                                     stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.text
