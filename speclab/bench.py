@@ -3,6 +3,7 @@
     python -m speclab.bench decode   # plain decoding: speclab vs transformers at batch 1, 8, 32
     python -m speclab.bench spec     # speculative decoding at batch 1: speclab vs transformers
     python -m speclab.bench ngram    # microseconds per n-gram proposal at 1K and 8K tokens of context
+    python -m speclab.bench heads    # every proposer side by side, heads included (lesson 08; bench_heads.py)
 
 Both use the embedded pair (or --target/--draft) on the held-out prompt sets of speclab/data,
 warm up first, and print one table. Wall-clock numbers on a shared CPU are noisy: compare rows
@@ -157,7 +158,7 @@ def bench_ngram(args) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("which", choices=["decode", "spec", "ngram"])
+    ap.add_argument("which", choices=["decode", "spec", "ngram", "heads"])
     ap.add_argument("--target", default="target")
     ap.add_argument("--draft", default="draft")
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -166,10 +167,14 @@ def main(argv=None) -> None:
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    ap.add_argument("--k", type=int, default=4, help="drafts per step (heads)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     model_directory(args.target)  # fail early on a bad path
+    if args.which == "heads":
+        from speclab.bench_heads import bench_heads
+        return bench_heads(args)
     {"decode": bench_decode, "spec": bench_spec, "ngram": bench_ngram}[args.which](args)
 
 
