@@ -102,8 +102,8 @@ def embedded_sequences(n_train: int, n_held: int, seq_len: int, seed: int = 0):
                  "seq_len": seq_len + 1, "windows": {"train": n_train, "heldout": n_held}}
 
 
-def teacher_sequences(n_held: int = 24, max_len: int = 640):
-    """The real model's own responses (chat-templated prompt + response ids), held-out slice last."""
+def teacher_sequences(n_held: int = 4, max_len: int = 640):
+    """The real model's own responses (chat-templated prompt + response ids), the last n_held held out."""
     from speclab.models.smollm2 import cache_root
     root = cache_root() / "smollm2-teacher-v1"
     if not (root / "MANIFEST.json").exists():
@@ -113,9 +113,29 @@ def teacher_sequences(n_held: int = 24, max_len: int = 640):
     lens = list(d["prompt_lens"])
     man = json.loads((root / "MANIFEST.json").read_text())
     split = {"train": seqs[:-n_held], "heldout": seqs[-n_held:]}
-    prompt = {"train": lens[:-n_held], "heldout": lens[-n_held:]}
-    return split, prompt, {"source": str(root), "teacher_manifest": {k: man[k] for k in list(man)[:12]},
-                           "temperature": d.get("temperature"), "conversations": len(seqs), "heldout": n_held}
+    loss_from = {"train": [0] * (len(seqs) - n_held), "heldout": lens[-n_held:]}  # held out: responses only
+    about = {"source": str(root), "teacher": {k: man.get(k) for k in ("name", "counts", "tokens", "command")},
+             "conversations": {"train": len(seqs) - n_held, "heldout": n_held}}
+    return split, loss_from, about
+
+
+def code_windows(tokenizer_dir, n_train: int, n_held: int, seq_len: int, seed: int = 0):
+    """Windows of the stdlib corpus (train split; held-out modules for evaluation) in a tokenizer's ids."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    from speclab.data.corpus import collect
+    tok = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
+    files = collect()
+    out = {}
+    for split, n in (("train", n_train), ("heldout", n_held)):
+        ids = []
+        for enc in tok.encode_batch([f.text for f in files if f.split == split][::3]):
+            ids += enc.ids
+        ids = np.asarray(ids)
+        rng = np.random.default_rng(seed + (split == "heldout"))
+        out[split] = [ids[s:s + seq_len + 1].tolist() for s in rng.integers(0, len(ids) - seq_len - 1, n)]
+    return out
 
 
 def load_data(target_name: str, model, layers: tuple[int, ...], args) -> dict:
@@ -124,8 +144,15 @@ def load_data(target_name: str, model, layers: tuple[int, ...], args) -> dict:
     path = cache_dir() / key
     if path.exists():
         return torch.load(path)
-    if target_name == "smollm2":
+    if target_name == "smollm2":  # its own answers, and code it reads (disjoint from the held-out chat sets)
+        from speclab.models.smollm2 import model_dir
         seqs, plens, about = teacher_sequences()
+        code = code_windows(model_dir(), args.windows, max(4, args.windows // 12), args.seq_len)
+        for split in ("train", "heldout"):
+            seqs[split] += code[split]
+            plens[split] += [0] * len(code[split])
+        about["code_windows"] = {"source": "stdlib corpus, train split (held-out modules for eval)",
+                                 "tokens_each": args.seq_len + 1, "train": args.windows, "heldout": len(code["heldout"])}
     else:
         seqs, about = embedded_sequences(args.windows, max(16, args.windows // 12), args.seq_len)
         plens = {k: [0] * len(v) for k, v in seqs.items()}
@@ -253,8 +280,6 @@ def evaluate(head, target, items, stored, method: str, depth: int = 4, T: int = 
     outputs, with the true tokens): top-1 agreement with the target's argmax (greedy acceptance) and
     mean sum min(p, q) at temperature 1 (the acceptance of sampled drafts), over held-out positions."""
     obj = Objective(head, target)
-    top = torch.cat([column_block(h[:256], stored, (L,)).float() for _, h, _ in data["train"][:64]])
-    obj.scale = float(top.pow(2).mean().sqrt())
     obj.w = target.lm_head.weight  # evaluate over the full vocabulary, as verification does
     agree, overlap, count = [0.0] * depth, [0.0] * depth, [0] * depth
     for toks, h, lf in items:
@@ -381,6 +406,7 @@ def run(args) -> dict:
     bar.close()
     minutes = (time.time() - t_train) / 60
     head.eval()
+    save_head(head, out)  # the weights first: an evaluation error must not lose a training run
     fig = evaluate(head, target, data["heldout"], stored, args.method)
     log(f"held-out: {fig}")
     cmd = (f"python -m speclab.train.heads --method {args.method} --target {args.target} --steps {step} "
