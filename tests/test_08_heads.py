@@ -56,8 +56,11 @@ SCHEDULES = {"roomy": {}, "budget 6: chunked prefill, truncated drafts": dict(ma
              "pool of 19 blocks: preemption": dict(num_kv_blocks=19, max_num_batched_tokens=7, max_num_seqs=7)}
 
 
-@pytest.mark.parametrize("method", list(PROPOSERS))
-@pytest.mark.parametrize("sample_method", ["greedy", "probabilistic"])
+SLOW = pytest.mark.slow  # the fast loop keeps one case of each family
+
+
+@pytest.mark.parametrize("method,sample_method", [(m, "greedy") for m in PROPOSERS] +
+                         [pytest.param(m, "probabilistic", marks=SLOW) for m in PROPOSERS])
 def test_greedy_output_with_a_head_equals_plain_output(tiny, method, sample_method):
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in (1, 4, 9, 17, 30)]
@@ -95,8 +98,8 @@ def reference_drafts(head, target, tokens: list[int], k: int) -> list[int]:
     return drafts
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp"])
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("method,schedule", [("eagle", s) for s in SCHEDULES] +
+                         [pytest.param(m, s, marks=SLOW) for m in ("eagle3", "mtp") for s in SCHEDULES])
 def test_incremental_head_cache_drafts_what_a_fresh_run_drafts(tiny, method, schedule):
     """Every proposal the engine's head makes, with its KV kept incrementally in lookahead slots,
     rolled back after rejections and lost to preemption, equals the head's run from scratch."""
