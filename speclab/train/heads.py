@@ -368,9 +368,15 @@ def run(args) -> dict:
     cfg = new_config(args.method, target, name=args.target, num_heads=args.medusa_heads if args.method == "medusa" else 0,
                      draft_vocab_size=args.draft_vocab or None)
     head = build_head(cfg, target)
-    if args.draft_vocab:
+    earlier = None
+    if args.init:  # continue an earlier run of the same method and target
+        from speclab.models.heads import load_head
+        head = load_head(args.init, target, method=args.method).train()
+        earlier = json.loads((Path(args.init) / "MANIFEST.json").read_text())
+        log(f"continuing {args.init} after its {earlier['steps']} steps")
+    elif args.draft_vocab:
         head.d2t.copy_(frequent_tokens(data["train"], target.config.vocab_size, args.draft_vocab))
-    if args.method in ("eagle", "eagle3"):
+    if args.method in ("eagle", "eagle3") and not args.init:
         identity_init(head)
     params = [p for p in head.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in params)
@@ -413,15 +419,19 @@ def run(args) -> dict:
            f"--minutes 1000 --batch-size {args.batch_size} --seq-len {args.seq_len} --lr {args.lr} --seed {args.seed}"
            + (f" --draft-vocab {args.draft_vocab}" if args.draft_vocab else "") + (f" --ttt {ttt}" if ttt != 1 else "")
            + (f" --medusa-heads {args.medusa_heads}" if args.method == "medusa" else "")
-           + (f" --windows {args.windows}" if args.target == "target" else ""))
+           + f" --windows {args.windows}")
+    if earlier:  # a continued run: its reproduction is the earlier command, then this one with --init
+        cmd = f"{earlier['reproduce']} && {cmd.replace(f'--steps {step} ', f'--steps {step} --init {args.init} ')}"
     manifest = {
         "about": f"{args.method} head for {args.target}, trained by speclab/train/heads.py on the frozen target's "
                  f"hidden states (float32, CPU)", "method": args.method, "target": cfg.target,
         "hidden_layers": list(cfg.hidden_layers), "parameters": n_params, "draft_vocab_size": args.draft_vocab or None,
         "data": data["about"], "loss": {"eagle": "SmoothL1(g / s, f / s) + 0.1 CE(p, q)", "eagle3": "CE(p, q), training-time test",
                                         "mtp": "CE on the data's token", "medusa": "sum_i CE(p_{t+i}, q_i)"}[args.method],
-        "feature_rms": round(obj.scale, 3), "ttt_steps": ttt, "steps": step, "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": args.lr,
-        "final_loss_ema": round(ema, 4), "train_minutes": round(minutes, 2),
+        "feature_rms": round(obj.scale, 3), "ttt_steps": ttt, "steps": step + (earlier["steps"] if earlier else 0),
+        "runs": [{k: r[k] for k in ("steps", "train_minutes", "lr") if k in r} for r in (earlier.get("runs", [earlier]) if earlier else [])]
+                + [{"steps": step, "train_minutes": round(minutes, 2), "lr": args.lr}], "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": args.lr,
+        "final_loss_ema": round(ema, 4), "train_minutes": round(minutes + (earlier["train_minutes"] if earlier else 0), 2),
         "total_minutes": round((time.time() - t0) / 60, 2), "torch_threads": torch.get_num_threads(),
         "machine": "2-core AMD EPYC, shared with other jobs", "heldout": fig, "seed": args.seed, "reproduce": cmd,
     }
@@ -447,6 +457,7 @@ def main(argv=None):
     ap.add_argument("--medusa-heads", type=int, default=4)
     ap.add_argument("--draft-vocab", type=int, default=0, help="draft over the N most frequent tokens (0: all)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--init", default=None, help="continue training this head directory (same method and target)")
     ap.add_argument("--threads", type=int, default=None)
     return run(ap.parse_args(argv))
 
