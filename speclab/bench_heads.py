@@ -79,36 +79,36 @@ def bench_heads(args) -> None:
     k = args.k
     methods = ("none", "ngram", "eagle") if real else ("none",) + EMBEDDED_METHODS
     sets = ("chat", "codegen") if real else ("code", "prose")
-    plain = LLM(args.target)
+    small = dict(max_num_seqs=4, kv_cache_gb=0.25)  # batch 1: a small pool, so that one LLM at a time fits
+    plain = LLM(args.target, **small)
     t1 = forward_seconds(plain.model)
     v_k = forward_seconds(plain.model, tokens=k + 1) / t1
     print(f"{args.target}: batch 1, k = {k}, {args.max_tokens} new tokens, {args.num_prompts} prompts per set; "
           f"torch threads = {torch.get_num_threads()}; a {k + 1}-token target forward costs v_k = {v_k:.2f} decode steps")
     head = (f"{'set':<8}{'T':>3} {'method':<12}{'tok/s':>7}{'speedup':>8}{'pred':>7}{'pred2':>7}{'c':>7}{'alpha':>7}"
             f"{'tau':>6}  acceptance per position")
-    llms = {m: plain if m == "none" else LLM(args.target, speculative_config=spec_config(m, k, 0.0, args.draft))
-            for m in methods}
+    prompt_sets = {kind: (load_chat_prompts(kind) if real else load_prompts(kind))[:args.num_prompts] for kind in sets}
     for temperature in args.temperatures:
         print("\n" + head)
-        for kind in sets:
-            prompts = (load_chat_prompts(kind) if real else load_prompts(kind))[:args.num_prompts]
-            base = None
-            for m in methods:
-                llm = llms[m]
-                if m != "none" and temperature > 0 and m != "ngram":  # sampled drafts, q kept
-                    llm = LLM(args.target, speculative_config=spec_config(m, k, temperature, args.draft))
+        base = {}
+        for m in methods:
+            llm = plain if m == "none" else LLM(args.target, speculative_config=spec_config(m, k, temperature, args.draft),
+                                                **small)
+            for kind, prompts in prompt_sets.items():
                 secs, tokens, acc = run_row(llm, prompts, temperature, args.max_tokens, chat=real)
                 per_token = secs / tokens
-                base = per_token if m == "none" else base
+                if m == "none":
+                    base[kind] = per_token
                 st = llm.engine.stats
-                c = acc["seconds"] / max(acc["drafted"], 1) / base if m != "none" else 0.0
+                c = acc["seconds"] / max(acc["drafted"], 1) / base[kind] if m != "none" else 0.0
                 tau = st.mean_acceptance_length if m != "none" else 1.0
                 kk = k if m != "none" else 0
                 pred, pred2 = tau / (1 + kk * c), tau / ((v_k if kk else 1.0) + kk * c)
-                per_pos = " ".join(f"{a:.2f}" for a in st.acceptance_per_pos) if m != "none" else ""
+                per_pos = " ".join(f"{a:.2f}" for a in st.acceptance_per_pos()) if m != "none" else ""
                 alpha = st.alpha if m != "none" else float("nan")
-                print(f"{kind:<8}{temperature:>3g} {m:<12}{1 / per_token:>7.1f}{base / per_token:>7.2f}x{pred:>6.2f}x"
+                print(f"{kind:<8}{temperature:>3g} {m:<12}{1 / per_token:>7.1f}{base[kind] / per_token:>7.2f}x{pred:>6.2f}x"
                       f"{pred2:>6.2f}x{c:>7.3f}{alpha:>7.2f}{tau:>6.2f}  {per_pos}", flush=True)
+            del llm
     print("\nspeedup: tokens/s over the plain row of the same set and T, this run; c: drafting seconds (propose, and "
           "observe for heads) per drafted token / plain seconds per token;\npred = tau / (1 + k c) (memory-bound "
           "target); pred2 = tau / (v_k + k c) with the measured verify cost v_k; T > 0 rows draft by sampling q "
