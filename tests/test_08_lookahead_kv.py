@@ -58,7 +58,8 @@ def test_lookahead_slots_survive_verify_rollback_and_preemption(num_blocks, bloc
             assert len(table) == kv.blocks_for(r.num_computed_tokens + k), \
                 f"after commit: {len(table)} blocks for {r.num_computed_tokens} computed tokens + {k} lookahead"
             kv.slot_mapping(r.request_id, 0, r.num_computed_tokens + k - 1)  # the head's chain slots exist
-            drafts[r.request_id] = ([rng.randrange(V) for _ in range(rng.randint(0, k))], None)
+            most = max(0, min(k, max_tokens - len(r.output_token_ids) - 1))  # as ModelRunner.propose limits them
+            drafts[r.request_id] = ([rng.randrange(V) for _ in range(rng.randint(0, most))], None)
         sched.update_draft_token_ids(drafts)
         if rng.random() < 0.05 and sched.running:  # an abort now and then
             sched.finish_requests([rng.choice(sched.running).request_id])
