@@ -60,7 +60,7 @@ def test_greedy_output_with_shipped_heads_equals_plain_output(method):
     prompts = load_prompts("code")[:4] + load_prompts("prose")[:1]
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     plain = [o.outputs[0].token_ids for o in LLM().generate(prompts, params, use_tqdm=False)]
-    for knobs in ({}, {"max_num_batched_tokens": 24, "max_num_seqs": 5, "num_kv_blocks": 26}):
+    for knobs in ({}, {"max_num_batched_tokens": 24, "max_num_seqs": 5, "num_kv_blocks": 12}):
         llm = LLM(speculative_config={"method": method, "num_speculative_tokens": 4}, block_size=16, **knobs)
         outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         assert outs == plain, f"{method} {knobs}: greedy output differs from plain decoding"
