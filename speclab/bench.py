@@ -5,6 +5,7 @@
     python -m speclab.bench roofline   # batch-1 decode against this machine's memory bandwidth
     python -m speclab.bench ngram      # microseconds per n-gram proposal at 1K and 8K tokens of context
     python -m speclab.bench all --target smollm2   # decode, roofline, spec on the real model
+    python -m speclab.bench heads      # every proposer side by side, heads included (lesson 08; bench_heads.py)
 
 The embedded pair (default) runs on the held-out code sets of speclab/data; `--target smollm2`
 (SmolLM2-135M-Instruct, Q4_1-dequantized) runs on the held-out chat sets (edit, codegen, qa, chat)
@@ -256,7 +257,7 @@ def bench_all(args) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("which", choices=["decode", "spec", "roofline", "ngram", "all"])
+    ap.add_argument("which", choices=["decode", "spec", "roofline", "ngram", "heads", "all"])
     ap.add_argument("--target", default="target", help="'target' (embedded), 'smollm2', or a checkpoint directory")
     ap.add_argument("--draft", default=None, help="draft for the spec rows (default: 'draft', or 'smollm2-draft' "
                                                   "for smollm2); rows are skipped with a note when it is absent")
@@ -273,6 +274,7 @@ def main(argv=None) -> None:
     ap.add_argument("--methods", nargs="+", default=None, choices=["none", "ngram", "draft_model"],
                     help="spec rows to run (default: all; 'none' is the plain baseline the speedups need)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    ap.add_argument("--k", type=int, default=4, help="drafts per step (heads)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     from transformers.utils import logging as hf_logging
@@ -285,6 +287,9 @@ def main(argv=None) -> None:
         if getattr(args, name) is None:
             setattr(args, name, value)
     model_directory(args.target)  # fail early on a bad path
+    if args.which == "heads":
+        from speclab.bench_heads import bench_heads
+        return bench_heads(args)
     {"decode": bench_decode, "spec": bench_spec, "roofline": bench_roofline, "ngram": bench_ngram,
      "all": bench_all}[args.which](args)
 

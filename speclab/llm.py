@@ -21,7 +21,7 @@ from speclab.models.llama import LlamaForCausalLM, load_llama
 from speclab.proposers.draft_model import DraftModelProposer
 from speclab.proposers.ngram import NgramProposer
 from speclab.sampling_params import SamplingParams
-from speclab.spec_config import SpeculativeConfig
+from speclab.spec_config import HEAD_METHODS, SpeculativeConfig
 
 
 @dataclass
@@ -128,6 +128,9 @@ class LLM:
         proposer = None
         if spec is not None and spec.method == "ngram":
             proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, k)
+        elif spec is not None and spec.method in HEAD_METHODS:
+            proposer = self._head_proposer(spec, model)
+            config = dataclasses.replace(config, num_lookahead_tokens=proposer.num_lookahead_tokens)
         elif spec is not None:
             draft = self._load_draft(spec.model, dtype, device)
             proposer = DraftModelProposer(
@@ -137,6 +140,25 @@ class LLM:
         self.engine = LLMEngine(self.model, config, proposer=proposer,
                                 spec_policy=spec.make_policy() if spec is not None else None)
         self._lock = threading.Lock()
+
+    def _head_proposer(self, spec: SpeculativeConfig, model):
+        """The proposer of a head method, its head checked against this target (lesson 08)."""
+        from speclab.models.heads import DEFAULT_HEADS, load_head
+        from speclab.models.smollm2 import NAMES as SMOLLM2
+        from speclab.proposers.eagle import EagleProposer
+        from speclab.proposers.medusa import MedusaProposer
+        from speclab.proposers.mtp import MTPProposer
+
+        name = spec.model
+        if name is None:
+            shipped = DEFAULT_HEADS.get("smollm2" if model in SMOLLM2 else "target" if model in (None, "target") else "")
+            if not shipped or spec.method not in shipped:
+                raise ValueError(f"method {spec.method!r} needs a head 'model' for this target (speclab ships "
+                                 f"{DEFAULT_HEADS}): train one with python -m speclab.train.heads")
+            name = shipped[spec.method]
+        head = load_head(name, self.model, dtype=self.model.lm_head.weight.dtype, method=spec.method)
+        cls = {"eagle": EagleProposer, "eagle3": EagleProposer, "mtp": MTPProposer, "medusa": MedusaProposer}[spec.method]
+        return cls(head, spec.num_speculative_tokens, sample_method=spec.draft_sample_method)
 
     def _load_draft(self, name, dtype, device) -> LlamaForCausalLM:
         """The draft model, refused unless it shares the target's vocabulary and tokenizer."""

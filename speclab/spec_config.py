@@ -3,6 +3,13 @@
     LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 5,
                             "prompt_lookup_max": 4, "prompt_lookup_min": 2})
     LLM(speculative_config={"method": "draft_model", "model": "draft", "num_speculative_tokens": 4})
+    LLM(speculative_config={"method": "eagle", "model": "eagle", "num_speculative_tokens": 4})
+    LLM("smollm2", speculative_config={"method": "eagle", "model": "eagle-smollm2", "num_speculative_tokens": 4})
+
+Head methods ("eagle", "eagle3", "mtp", "medusa"; lesson 08) take a head directory or the name of a
+shipped head as `model`; without one, speclab picks the head it ships for the target (vLLM does that
+for mtp only, whose weights live in the target's checkpoint).
+
     LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 4,
                             "num_speculative_tokens_per_batch_size": {"1-8": 4, "9-32": 2, "33-1024": 0}})
     LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 4, "adaptive": True})  # speclab's
@@ -18,17 +25,20 @@ from dataclasses import dataclass, fields
 
 from speclab.engine.spec_policy import AdaptivePolicy, BatchSizeSchedule, SpecPolicy
 
-METHODS = ("ngram", "draft_model")
-NOT_YET = ("eagle", "eagle3", "mtp", "medusa", "mlp_speculator", "suffix", "ngram_gpu", "dflash")
+HEAD_METHODS = ("eagle", "eagle3", "mtp", "medusa")
+METHODS = ("ngram", "draft_model") + HEAD_METHODS
+NOT_YET = ("mlp_speculator", "suffix", "ngram_gpu", "dflash")
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 
 
 @dataclass
 class SpeculativeConfig:
     """Attributes (vLLM's names):
-        method: "ngram" or "draft_model" (inferred from `model` when missing, as vLLM does).
+        method: "ngram", "draft_model", or a head method "eagle", "eagle3", "mtp", "medusa"
+            (inferred from `model` when missing, as vLLM does).
         num_speculative_tokens: k > 0, drafts per step.
-        model: the draft model (draft_model): a directory, a hub id, or "draft" (the embedded draft).
+        model: the draft model (draft_model): a directory, a hub id, or "draft" (the embedded draft);
+            a head (head methods): its directory or a shipped head's name (None: the target's own).
         prompt_lookup_max, prompt_lookup_min: n-gram sizes (ngram); one set copies to the other.
         draft_sample_method: "greedy" (argmax drafts, q treated as one-hot, vLLM's default) or
             "probabilistic" (drafts sampled from q, q kept for verification: higher acceptance at T > 0).
@@ -70,7 +80,7 @@ class SpeculativeConfig:
             if self.model in ("ngram", "[ngram]"):
                 self.method, self.model = "ngram", None
             elif self.model is not None:
-                self.method = "draft_model"
+                self.method = _head_method(self.model) or "draft_model"
             else:
                 raise ValueError("speculative_config needs 'method' (one of ngram, draft_model) or a draft 'model'")
         if self.method in NOT_YET:
@@ -88,7 +98,7 @@ class SpeculativeConfig:
         self._validate_dynamic()
         if self.method == "ngram":
             self._validate_ngram()
-        elif self.model is None:
+        elif self.method == "draft_model" and self.model is None:
             raise ValueError("method 'draft_model' needs a draft 'model' (a directory, a hub id, or 'draft' for "
                              "the embedded draft)")
 
@@ -126,6 +136,12 @@ class SpeculativeConfig:
         if self.num_speculative_tokens_per_batch_size is not None:
             return BatchSizeSchedule(self.num_speculative_tokens, self.num_speculative_tokens_per_batch_size)
         return None
+
+
+def _head_method(model) -> str | None:
+    """The method of a head directory or shipped head name (vLLM infers it from the draft's config)."""
+    from speclab.models.heads import head_method
+    return head_method(model)
 
 
 def parse_batch_size_table(table, k_max: int) -> list[tuple[int, int, int]]:

@@ -39,8 +39,8 @@ def test_speclab_loaders_return_float32_eval_models(pair):
 
 
 def test_checkpoints_are_fp16_safetensors_and_small():
-    total = sum(f.stat().st_size for f in CHECKPOINTS.rglob("*") if f.is_file())
-    assert total < 50e6
+    total = sum(f.stat().st_size for f in CHECKPOINTS.rglob("*") if f.is_file() and "heads" not in f.parts)
+    assert total < 50e6  # the pair; the draft heads of lesson 08 are checked in tests/test_08_shipped_heads.py
     for name in NAMES:
         cfg = json.loads((checkpoint_dir(name) / "config.json").read_text())
         assert cfg["dtype"] in ("float16", "bfloat16")

@@ -41,9 +41,14 @@ class LLMEngine:
                  proposer: Proposer | None = None, spec_policy: SpecPolicy | None = None, **knobs):
         if config is None:
             knobs.setdefault("num_speculative_tokens", proposer.num_speculative_tokens if proposer else 0)
+            knobs.setdefault("num_lookahead_tokens", proposer.num_lookahead_tokens if proposer else 0)
             config = EngineConfig(**knobs)
         elif knobs:
             raise TypeError(f"pass either an EngineConfig or its fields, not both ({sorted(knobs)})")
+        need = proposer.num_lookahead_tokens if proposer else 0
+        if config.num_lookahead_tokens < need:
+            raise ValueError(f"the proposer writes {need} lookahead slots per step but num_lookahead_tokens="
+                             f"{config.num_lookahead_tokens}: set num_lookahead_tokens >= {need}")
         self.model = model
         self.config = config
         self.proposer = proposer
@@ -55,6 +60,8 @@ class LLMEngine:
                                    config.num_speculative_tokens)
         self.runner = ModelRunner(model, self.kv, torch.Generator().manual_seed(config.seed), config.verifier,
                                   proposer)
+        if need:
+            proposer.attach_kv(self.kv)  # its cache lives in the target's block tables
         if proposer is not None and getattr(proposer, "generator", False) is None:
             proposer.generator = self.runner.generator  # one stream: no accidental correlation between two
         self._ids = itertools.count()

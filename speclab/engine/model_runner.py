@@ -27,7 +27,7 @@ import torch
 
 from speclab.backend import get_rejection_sampler
 from speclab.engine.batch import flatten
-from speclab.engine.proposer import Proposer
+from speclab.engine.proposer import Proposer, TargetForward
 from speclab.engine.scheduler import ScheduledRequest, SchedulerOutput
 from speclab.kv_cache import KVCacheManager
 from speclab.models.llama import LlamaForCausalLM
@@ -72,7 +72,11 @@ class ModelRunner:
         scheduled = output.scheduled
         input_ids, meta = flatten(self.kv, [(s.request.request_id, s.token_ids, s.start) for s in scheduled],
                                   self.device)
-        hidden, _ = self.model(input_ids, meta, self.kv_caches)  # (N, D)
+        layers = self.proposer.hidden_layers if self.proposer else ()
+        hidden, saved = self.model(input_ids, meta, self.kv_caches, layers)  # (N, D)
+        if layers:  # a head drafts from this forward's hidden states (lesson 08)
+            self.proposer.observe(TargetForward([s.request.request_id for s in scheduled], [s.start for s in scheduled],
+                                                meta.query_start_loc, torch.cat(saved, -1)))
         result = ModelRunnerOutput()
         sampling, rows = [], []
         for i, s in enumerate(scheduled):  # the last 1 + k rows of each sampling request

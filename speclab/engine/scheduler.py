@@ -203,7 +203,8 @@ class Scheduler:
             raise RuntimeError(f"request {req.request_id}: {len(tokens)} tokens back from verifying {k} drafts")
         if k:
             req.num_computed_tokens -= k - accepted  # the rejected drafts' KV is stale
-            self.kv.rollback(req.request_id, req.num_computed_tokens)
+            # a head that drafts after this step writes its chain into the lookahead slots: keep them
+            self.kv.rollback(req.request_id, req.num_computed_tokens + self.num_lookahead_tokens)
             self.stats.observe(k, accepted)
         req.spec_token_ids, req.spec_draft_probs = [], None
         req.append_tokens(tokens, self.eos_token_id)

@@ -1,0 +1,52 @@
+"""Exercise 08: the three moves of a head drafter: EAGLE's input shift, its chain, Medusa's heads.
+
+1. `eagle_input_ids`: the target just ran a flattened ragged batch; EAGLE's first pass reads, at
+   each row t, the feature f_t and the token *one position ahead*, x_{t+1}; the last row of each
+   request reads the token just sampled from it (vLLM's eagle.py: input_ids[:-1] = target[1:],
+   input_ids[last_token_indices] = next_token_ids).
+2. `chain_draft`: the head's output g at the last committed row gives draft 1; each further draft
+   feeds (previous draft, g) back, one position further on: k drafts, k - 1 extra head steps.
+3. `medusa_logits`: Medusa head i's logits, lm_head(z + SiLU(W_i z + b_i)) with z = norm(h).
+Grade yourself:
+    .venv/bin/python -m pytest --impl=exercises tests/test_ex08_eagle_heads.py
+Lesson: notebooks/08_eagle_mtp_medusa.ipynb.
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def eagle_input_ids(target_token_ids: list[int], query_start_loc: list[int], next_token_ids: list[int]) -> list[int]:
+    """The first pass's input tokens: target_token_ids (N,) shifted left by one within the batch, each
+    request's last row (query_start_loc[b + 1] - 1) set to next_token_ids[b]."""
+    ids = list(target_token_ids[1:]) + [0]
+    for b, nxt in enumerate(next_token_ids):
+        ids[query_start_loc[b + 1] - 1] = nxt
+    return ids
+
+
+def chain_draft(first_g: torch.Tensor, position: int, k: int, step, logits) -> list[int]:
+    """k greedy drafts from the head's output first_g (d,) at the last committed row.
+
+    Args:
+        position: where the first chained input sits (the position of the newest committed token).
+        step: step(token, feature, position) -> (d,) the head's output for input (token, feature) there.
+        logits: logits(g) -> (V,).
+    """
+    drafts, g = [], first_g
+    for i in range(k):
+        drafts.append(int(logits(g).argmax()))
+        if i + 1 < k:
+            g = step(drafts[-1], g, position + i)
+    return drafts
+
+
+def medusa_logits(h: torch.Tensor, norm, W: torch.Tensor, b: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
+    """One Medusa head: (..., d) last-layer hidden states -> (..., V) logits of its guess.
+
+    Args:
+        norm: the target's final norm (a callable); W (d, d), b (d,): the head's residual block;
+        lm_head_weight: (V, d) the target's LM head, shared by every head.
+    """
+    z = norm(h)
+    return F.linear(z + F.silu(F.linear(z, W, b)), lm_head_weight)

@@ -1,0 +1,466 @@
+"""Train the draft heads of lesson 08 on a frozen target's hidden states, on the CPU.
+
+    python -m speclab.train.heads --method eagle              # the embedded target (minutes)
+    python -m speclab.train.heads --method eagle3 | mtp | medusa
+    python -m speclab.train.heads --method eagle --target smollm2 --draft-vocab 8192 --minutes 35
+
+The target's hidden states are collected once, with speclab's own paged forward (the same math
+that serves them at inference), and cached under $SPECLAB_CACHE/heads/, so every family reuses them:
+the embedded target's on windows of the corpus' train split (held-out modules for evaluation), the
+real model's on its own responses to training prompts (smollm2-teacher-v1, written by
+`speclab.models.smollm2`'s teacher run; its held-out split is a slice of those conversations).
+
+Losses, at position t with input (x_{t+1}, f_t) and the target's next feature f_{t+1} and
+distribution p_{t+1} (of x_{t+2}, through its own final norm and LM head):
+  - eagle:  SmoothL1(g / s, f_{t+1} / s) + 0.1 * CE(p_{t+1}, q)   (Li et al. 2024, w_cls = 0.1; s: the
+            features' RMS, so that regression and cross-entropy weigh alike on any target)
+  - eagle3: CE(p_{t+1}, q) over fused low/mid/top features, with training-time test: steps 2..n feed
+            the head's own outputs back as in chain drafting (Li et al. 2025), weights 0.8^j
+  - mtp:    CE on the data's own token x_{t+2} (DeepSeek-V3's L_MTP, a hard label)
+  - medusa: head i: CE(p_{t+i}, q_i) for x_{t+i+1} from h_t (self-distillation, Cai et al. 2024)
+Each run writes the head directory (config.json, model.safetensors, MANIFEST.json with the figures
+and the command that reproduces it) and a log; a progress bar shows the loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from speclab.engine.batch import flatten
+from speclab.kv_cache import KVCacheManager
+from speclab.models.eagle import ttt_mask
+from speclab.models.heads import HEADS_DIR, build_head, new_config, save_head
+
+DEFAULTS = {  # method -> (loss, training-time-test steps)
+    "eagle": dict(ttt=1), "eagle3": dict(ttt=3), "mtp": dict(ttt=1), "medusa": dict(ttt=1),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# data: token sequences and the target's hidden states, collected once
+
+
+def cache_dir() -> Path:
+    from speclab.models.smollm2 import cache_root
+    return cache_root() / "heads"
+
+
+@torch.inference_mode()
+def hidden_states(model, seqs: list[list[int]], layers: tuple[int, ...], max_tokens: int = 4096) -> list[torch.Tensor]:
+    """The target's outputs of `layers` at every position of every sequence: (n, len(layers) * d)
+    float16 each, from speclab's paged forward over ragged batches of about max_tokens tokens."""
+    out, i = [], 0
+    bar = tqdm(total=sum(map(len, seqs)), desc="hidden states", unit="tok", mininterval=5)
+    while i < len(seqs):
+        batch = [seqs[i]]
+        while i + len(batch) < len(seqs) and sum(map(len, batch)) + len(seqs[i + len(batch)]) <= max_tokens:
+            batch.append(seqs[i + len(batch)])
+        bs = 64
+        kv = KVCacheManager(sum(math.ceil(len(s) / bs) for s in batch), bs)
+        for j, s in enumerate(batch):
+            kv.allocate(str(j), 0, len(s))
+        caches = model.allocate_kv_cache(kv.pool.num_blocks, bs)
+        ids, meta = flatten(kv, [(str(j), s, 0) for j, s in enumerate(batch)])
+        _, saved = model(ids, meta, caches, layers)
+        h = torch.cat(saved, -1).half()
+        out += list(h.split([len(s) for s in batch]))
+        bar.update(sum(map(len, batch)))
+        i += len(batch)
+    bar.close()
+    return out
+
+
+def embedded_sequences(n_train: int, n_held: int, seq_len: int, seed: int = 0):
+    """Windows of seq_len + 1 tokens from the corpus' train split and its held-out modules."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    from speclab.data.corpus import collect
+    from speclab.models.hub import checkpoint_dir
+    tok = Tokenizer.from_file(str(checkpoint_dir("target") / "tokenizer.json"))
+    eos = tok.token_to_id("<|endoftext|>")
+    files = collect()
+    out = {}
+    for split, n in (("train", n_train), ("heldout", n_held)):
+        ids = []
+        for enc in tok.encode_batch([f.text for f in files if f.split == split]):
+            ids += enc.ids + [eos]
+        ids = np.asarray(ids)
+        rng = np.random.default_rng(seed + (split == "heldout"))
+        starts = rng.integers(0, len(ids) - seq_len - 1, n)
+        out[split] = [ids[s:s + seq_len + 1].tolist() for s in starts]
+    return out, {"source": "windows of the embedded pair's corpus (stdlib train split; held-out modules for eval)",
+                 "seq_len": seq_len + 1, "windows": {"train": n_train, "heldout": n_held}}
+
+
+def teacher_sequences(n_held: int = 4, max_len: int = 640):
+    """The real model's own responses (chat-templated prompt + response ids), the last n_held held out."""
+    from speclab.models.smollm2 import cache_root
+    root = cache_root() / "smollm2-teacher-v1"
+    if not (root / "MANIFEST.json").exists():
+        raise FileNotFoundError(f"{root} is not complete (no MANIFEST.json): run the teacher generation first")
+    d = torch.load(root / "teacher.pt")
+    seqs = [list(s)[:max_len] for s in d["token_ids"]]
+    lens = list(d["prompt_lens"])
+    man = json.loads((root / "MANIFEST.json").read_text())
+    split = {"train": seqs[:-n_held], "heldout": seqs[-n_held:]}
+    loss_from = {"train": [0] * (len(seqs) - n_held), "heldout": lens[-n_held:]}  # held out: responses only
+    about = {"source": str(root), "teacher": {k: man.get(k) for k in ("name", "counts", "tokens", "command")},
+             "conversations": {"train": len(seqs) - n_held, "heldout": n_held}}
+    return split, loss_from, about
+
+
+def code_windows(tokenizer_dir, n_train: int, n_held: int, seq_len: int, seed: int = 0):
+    """Windows of the stdlib corpus (train split; held-out modules for evaluation) in a tokenizer's ids."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    from speclab.data.corpus import collect
+    tok = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
+    files = collect()
+    out = {}
+    for split, n in (("train", n_train), ("heldout", n_held)):
+        ids = []
+        for enc in tok.encode_batch([f.text for f in files if f.split == split][::3]):
+            ids += enc.ids
+        ids = np.asarray(ids)
+        rng = np.random.default_rng(seed + (split == "heldout"))
+        out[split] = [ids[s:s + seq_len + 1].tolist() for s in rng.integers(0, len(ids) - seq_len - 1, n)]
+    return out
+
+
+def load_data(target_name: str, model, layers: tuple[int, ...], args) -> dict:
+    """{'train': [(tokens, hidden, loss_from)], 'heldout': [...], 'about': {...}}, cached on disk."""
+    key = f"{target_name}-L{'-'.join(map(str, layers))}-n{args.windows}-T{args.seq_len}.pt"
+    path = cache_dir() / key
+    if path.exists():
+        return torch.load(path)
+    if target_name == "smollm2":  # its own answers, and code it reads (disjoint from the held-out chat sets)
+        from speclab.models.smollm2 import model_dir
+        seqs, plens, about = teacher_sequences()
+        code = code_windows(model_dir(), args.windows, max(4, args.windows // 12), args.seq_len)
+        for split in ("train", "heldout"):
+            seqs[split] += code[split]
+            plens[split] += [0] * len(code[split])
+        about["code_windows"] = {"source": "stdlib corpus, train split (held-out modules for eval)",
+                                 "tokens_each": args.seq_len + 1, "train": args.windows, "heldout": len(code["heldout"])}
+    else:
+        seqs, about = embedded_sequences(args.windows, max(16, args.windows // 12), args.seq_len)
+        plens = {k: [0] * len(v) for k, v in seqs.items()}
+    data = {"about": {**about, "layers": list(layers)}}
+    for split in ("train", "heldout"):
+        hs = hidden_states(model, seqs[split], layers)
+        data[split] = [(torch.tensor(s), h, pl) for s, h, pl in zip(seqs[split], hs, plens[split])]
+    data["about"]["tokens"] = {k: sum(len(s) for s, _, _ in data[k]) for k in ("train", "heldout")}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(data, path)
+    return data
+
+
+def labels_mask(n: int, length: int, loss_from: int) -> torch.Tensor:
+    """(n,) True at the token positions u that are loss targets: inside the sequence, in the response."""
+    u = torch.arange(n)
+    return (u < length) & (u >= loss_from)
+
+
+def batch(items, gen: torch.Generator, B: int, T: int):
+    """B random sequences, each a random crop of at most T + 1 tokens: tokens (B, n) (padded with 0),
+    hidden (B, n, H) float32, lab (B, n): which tokens are loss targets."""
+    pick = torch.randint(0, len(items), (B,), generator=gen).tolist()
+    rows = []
+    for i in pick:
+        toks, h, loss_from = items[i]
+        s = int(torch.randint(0, max(1, len(toks) - T), (1,), generator=gen))
+        rows.append((toks[s:s + T + 1], h[s:s + T + 1].float(), loss_from - s))
+    n = max(len(t) for t, _, _ in rows)
+    tokens = torch.zeros(B, n, dtype=torch.long)
+    hidden = torch.zeros(B, n, rows[0][1].shape[-1])
+    lab = torch.stack([labels_mask(n, len(t), lf) for t, _, lf in rows])
+    for b, (t, h, _) in enumerate(rows):
+        tokens[b, :len(t)], hidden[b, :len(t)] = t, h
+    return tokens, hidden, lab
+
+
+# ----------------------------------------------------------------------------------------------
+# losses
+
+
+def soft_ce(logits: torch.Tensor, p: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over masked rows of -sum p log softmax(logits): (B, T, V), (B, T, V), (B, T)."""
+    return -(p * F.log_softmax(logits, -1)).sum(-1)[mask].mean()
+
+
+class Objective:
+    """The target's frozen pieces, with an optional draft vocabulary, used by every family's loss."""
+
+    def __init__(self, head, target):
+        self.head, self.target = head, target
+        self.sub = head.d2t if getattr(head, "d2t", None) is not None else None
+        w = target.lm_head.weight.detach()
+        self.w = w if self.sub is None else w.index_select(0, self.sub)  # (V', d)
+        self.scale = 1.0  # features' RMS, set from the data
+
+    def logits(self, g):  # head output / target feature (.., d) -> (.., V') logits
+        return F.linear(self.target.model.norm(g), self.w)
+
+    def target_probs(self, f):
+        with torch.no_grad():
+            return F.softmax(self.logits(f), -1)
+
+
+def column_block(hidden: torch.Tensor, stored: tuple[int, ...], wanted: tuple[int, ...]) -> torch.Tensor:
+    """The columns of `wanted` layers out of hidden (.., len(stored) * d)."""
+    d = hidden.shape[-1] // len(stored)
+    return torch.cat([hidden[..., stored.index(i) * d:(stored.index(i) + 1) * d] for i in wanted], -1)
+
+
+def eagle_loss(head, obj: Objective, tokens, hidden, lab, stored, method: str, ttt: int):
+    """Losses of EAGLE / EAGLE-3-style / MTP heads, unrolled over `ttt` chained steps."""
+    L = head.cfg.target["num_hidden_layers"]
+    feats = column_block(hidden, stored, head.cfg.hidden_layers)  # (B, T+1, n*d)
+    top = column_block(hidden, stored, (L,))  # (B, T+1, d)
+    T = tokens.shape[1] - 1
+    x_next, f_t, f_next = tokens[:, 1:T], head.features(feats[:, :T - 1]), top[:, 1:T]  # (B, T-1, ..)
+    p = None if method == "mtp" else obj.target_probs(f_next)  # (B, T-1, V')
+    labels, mask = tokens[:, 2:T + 1], lab[:, 2:T + 1]  # x_{t+2}, and whether it is a target
+    if method == "mtp" and obj.sub is not None:
+        raise ValueError("mtp trains on hard labels over the whole vocabulary: no draft vocabulary")
+    positions = torch.arange(T - 1)
+    past, total, parts = [], 0.0, {}
+    for j in range(1, ttt + 1):
+        g, kv = head.dense(x_next, f_t, positions, ttt_mask(T - 1, j), past)
+        m = mask.clone()
+        m[:, :j - 1] = False
+        logits = obj.logits(g)
+        if method == "mtp":
+            loss = F.cross_entropy(logits[m], labels[m])
+        else:
+            loss = soft_ce(logits, p, m)
+        if method == "eagle":  # in units of the features' RMS (the residual stream of a small model runs to ~500)
+            reg = F.smooth_l1_loss(g[m] / obj.scale, f_next[m] / obj.scale)
+            parts[f"reg{j}"] = reg.item()
+            loss = reg + 0.1 * loss
+        parts[f"loss{j}"] = loss.item()
+        total = total + 0.8 ** (j - 1) * loss
+        past.append(kv)
+        f_t = torch.cat([g[:, :1], g[:, :-1]], 1)  # step j+1 at t reads step j's output at t - 1
+    return total, parts
+
+
+def medusa_loss(head, obj: Objective, tokens, hidden, lab, stored):
+    L = head.cfg.target["num_hidden_layers"]
+    top = column_block(hidden, stored, (L,))  # (B, n, d)
+    n = tokens.shape[1]
+    total, parts = 0.0, {}
+    for i, block in enumerate(head.blocks, start=1):  # head i on h_t guesses x_{t+1+i}: target p at t + i
+        m = n - 1 - i
+        logits = F.linear(block(head.target.model.norm(top[:, :m])), obj.w)
+        loss = soft_ce(logits, obj.target_probs(top[:, i:i + m]), lab[:, 1 + i:n])
+        parts[f"loss{i}"] = loss.item()
+        total = total + loss
+    return total, parts
+
+
+# ----------------------------------------------------------------------------------------------
+# evaluation: teacher-forced acceptance per chained position
+
+
+@torch.no_grad()
+def evaluate(head, target, items, stored, method: str, depth: int = 4, T: int = 256) -> dict:
+    """Per chained position j (1 = from the target's own feature, j > 1 = after j-1 of the head's own
+    outputs, with the true tokens): top-1 agreement with the target's argmax (greedy acceptance) and
+    mean sum min(p, q) at temperature 1 (the acceptance of sampled drafts), over held-out positions."""
+    obj = Objective(head, target)
+    obj.w = target.lm_head.weight  # evaluate over the full vocabulary, as verification does
+    agree, overlap, count = [0.0] * depth, [0.0] * depth, [0] * depth
+    for toks, h, lf in items:
+        tokens, hidden = toks[None, :T + 1], h[None, :T + 1].float()
+        n = tokens.shape[1]
+        lab = labels_mask(n, n, lf)[None]
+        L = head.cfg.target["num_hidden_layers"]
+        top = column_block(hidden, stored, (L,))
+        if method == "medusa":
+            for i in range(1, min(depth, len(head.blocks)) + 1):
+                m = n - 1 - i
+                p = F.softmax(F.linear(target.model.norm(top[:, i:i + m]), obj.w), -1)
+                q = F.softmax(head(top[:, :m], i)[i - 1], -1)
+                sel = lab[:, 1 + i:n]
+                agree[i - 1] += (p.argmax(-1) == q.argmax(-1))[sel].sum().item()
+                overlap[i - 1] += torch.minimum(p, q).sum(-1)[sel].sum().item()
+                count[i - 1] += int(sel.sum())
+            continue
+        Tm = n - 1
+        f_t = head.features(column_block(hidden, stored, head.cfg.hidden_layers)[:, :Tm - 1])
+        p = F.softmax(F.linear(target.model.norm(top[:, 1:Tm]), obj.w), -1)
+        past = []
+        for j in range(1, depth + 1):
+            g, kv = head.dense(tokens[:, 1:Tm], f_t, torch.arange(Tm - 1), ttt_mask(Tm - 1, j), past)
+            q = F.softmax(head.logits(g[0]), -1)[None]
+            sel = lab[:, 2:n].clone()
+            sel[:, :j - 1] = False
+            agree[j - 1] += (p.argmax(-1) == q.argmax(-1))[sel].sum().item()
+            overlap[j - 1] += torch.minimum(p, q).sum(-1)[sel].sum().item()
+            count[j - 1] += int(sel.sum())
+            past.append(kv)
+            f_t = torch.cat([g[:, :1], g[:, :-1]], 1)
+    r = lambda xs: [round(a / max(c, 1), 4) for a, c in zip(xs, count)]  # noqa: E731
+    return {"top1_agreement_per_position": r(agree), "sum_min_pq_per_position": r(overlap),
+            "positions_evaluated": count[0]}
+
+
+def frequent_tokens(items, V: int, n: int) -> torch.Tensor:
+    """The n most frequent tokens of the training sequences (EAGLE-3's d2t), sorted by id."""
+    counts = torch.zeros(V, dtype=torch.long)
+    for toks, _, _ in items:
+        counts += torch.bincount(toks, minlength=V)
+    return counts.topk(n).indices.sort().values
+
+
+# ----------------------------------------------------------------------------------------------
+# the run
+
+
+@torch.no_grad()
+def identity_init(head) -> None:
+    """Start with g ~ f_t (the feature passed through; the top layer picked out of a fusion): the
+    residual stream changes little from one position to the next, so regression starts near its goal."""
+    D = head.cfg.target["hidden_size"]
+    head.fc.weight[:, D:] = torch.eye(D)
+    if head.fuse is not None:
+        head.fuse.weight.zero_()
+        head.fuse.weight[:, -D:] = torch.eye(D)
+
+
+def run(args) -> dict:
+    from speclab.models.hub import _resolve
+    from speclab.models.llama import load_llama
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out) if args.out else HEADS_DIR / (args.method if args.target == "target" else f"{args.method}-{args.target}")
+    log_path = Path(args.log) if args.log else cache_dir() / f"train-{out.name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def log(msg):
+        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
+        print(line, file=sys.stderr, flush=True)
+        with open(log_path, "a") as fh:
+            fh.write(line + "\n")
+
+    t0 = time.time()
+    target = load_llama(_resolve(args.target, "target")[0])
+    for p in target.parameters():
+        p.requires_grad_(False)
+    L = target.config.num_hidden_layers
+    stored = (2, L // 2, L) if args.target == "target" else (L,)
+    data = load_data(args.target, target, stored, args)
+    log(f"data: {data['about']}; {time.time() - t0:.0f}s")
+    torch.manual_seed(args.seed)
+    cfg = new_config(args.method, target, name=args.target, num_heads=args.medusa_heads if args.method == "medusa" else 0,
+                     draft_vocab_size=args.draft_vocab or None)
+    head = build_head(cfg, target)
+    earlier = None
+    if args.init:  # continue an earlier run of the same method and target
+        from speclab.models.heads import load_head
+        head = load_head(args.init, target, method=args.method).train()
+        earlier = json.loads((Path(args.init) / "MANIFEST.json").read_text())
+        log(f"continuing {args.init} after its {earlier['steps']} steps")
+    elif args.draft_vocab:
+        head.d2t.copy_(frequent_tokens(data["train"], target.config.vocab_size, args.draft_vocab))
+    if args.method in ("eagle", "eagle3") and not args.init:
+        identity_init(head)
+    params = [p for p in head.parameters() if p.requires_grad]
+    n_params = sum(p.numel() for p in params)
+    log(f"{args.method} head for {args.target}: {n_params:,} parameters; reads layers {cfg.hidden_layers}")
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    obj = Objective(head, target)
+    top = torch.cat([column_block(h[:256], stored, (L,)).float() for _, h, _ in data["train"][:64]])
+    obj.scale = float(top.pow(2).mean().sqrt())
+    ttt = args.ttt or DEFAULTS[args.method]["ttt"]
+    gen = torch.Generator().manual_seed(args.seed)
+    t_train, step, ema, progress = time.time(), 0, None, 0.0
+    bar = tqdm(total=args.steps, desc=f"{args.method}", mininterval=5)
+    while step < args.steps and progress < 1.0:
+        progress = max(step / args.steps, (time.time() - t_train) / (args.minutes * 60))
+        lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1))))
+        for gr in opt.param_groups:
+            gr["lr"] = lr
+        tokens, hidden, lab = batch(data["train"], gen, args.batch_size, args.seq_len)
+        if args.method == "medusa":
+            loss, parts = medusa_loss(head, obj, tokens, hidden, lab, stored)
+        else:
+            loss, parts = eagle_loss(head, obj, tokens, hidden, lab, stored, args.method, ttt)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 0.5)
+        opt.step()
+        ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
+        bar.set_postfix(loss=f"{ema:.3f}")
+        bar.update(1)
+        if step % 25 == 0:
+            log(f"step {step} loss {loss.item():.4f} ema {ema:.4f} lr {lr:.2e} {parts}")
+        step += 1
+    bar.close()
+    minutes = (time.time() - t_train) / 60
+    head.eval()
+    save_head(head, out)  # the weights first: an evaluation error must not lose a training run
+    fig = evaluate(head, target, data["heldout"], stored, args.method)
+    log(f"held-out: {fig}")
+    cmd = (f"python -m speclab.train.heads --method {args.method} --target {args.target} --steps {step} "
+           f"--minutes 1000 --batch-size {args.batch_size} --seq-len {args.seq_len} --lr {args.lr} --seed {args.seed}"
+           + (f" --draft-vocab {args.draft_vocab}" if args.draft_vocab else "") + (f" --ttt {ttt}" if ttt != 1 else "")
+           + (f" --medusa-heads {args.medusa_heads}" if args.method == "medusa" else "")
+           + f" --windows {args.windows}")
+    if earlier:  # a continued run: its reproduction is the earlier command, then this one with --init
+        cmd = f"{earlier['reproduce']} && {cmd.replace(f'--steps {step} ', f'--steps {step} --init {args.init} ')}"
+    manifest = {
+        "about": f"{args.method} head for {args.target}, trained by speclab/train/heads.py on the frozen target's "
+                 f"hidden states (float32, CPU)", "method": args.method, "target": cfg.target,
+        "hidden_layers": list(cfg.hidden_layers), "parameters": n_params, "draft_vocab_size": args.draft_vocab or None,
+        "data": data["about"], "loss": {"eagle": "SmoothL1(g / s, f / s) + 0.1 CE(p, q)", "eagle3": "CE(p, q), training-time test",
+                                        "mtp": "CE on the data's token", "medusa": "sum_i CE(p_{t+i}, q_i)"}[args.method],
+        "feature_rms": round(obj.scale, 3), "ttt_steps": ttt, "steps": step + (earlier["steps"] if earlier else 0),
+        "runs": [{k: r[k] for k in ("steps", "train_minutes", "lr") if k in r} for r in (earlier.get("runs", [earlier]) if earlier else [])]
+                + [{"steps": step, "train_minutes": round(minutes, 2), "lr": args.lr}], "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": args.lr,
+        "final_loss_ema": round(ema, 4), "train_minutes": round(minutes + (earlier["train_minutes"] if earlier else 0), 2),
+        "total_minutes": round((time.time() - t0) / 60, 2), "torch_threads": torch.get_num_threads(),
+        "machine": "2-core AMD EPYC, shared with other jobs", "heldout": fig, "seed": args.seed, "reproduce": cmd,
+    }
+    save_head(head, out, manifest)
+    log(f"saved {out} ({sum(f.stat().st_size for f in out.iterdir()) / 1e6:.2f} MB) in {manifest['total_minutes']} min")
+    return manifest
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m speclab.train.heads", description=__doc__.splitlines()[0])
+    ap.add_argument("--method", choices=["eagle", "eagle3", "mtp", "medusa"], required=True)
+    ap.add_argument("--target", default="target", choices=["target", "smollm2"])
+    ap.add_argument("--out", default=None, help="head directory (default: speclab/checkpoints/heads/NAME)")
+    ap.add_argument("--log", default=None)
+    ap.add_argument("--minutes", type=float, default=8.0, help="time budget: the cosine ends with it")
+    ap.add_argument("--steps", type=int, default=100000)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--windows", type=int, default=800, help="training windows of the embedded corpus")
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--ttt", type=int, default=0, help="training-time-test steps (0: the method's default)")
+    ap.add_argument("--medusa-heads", type=int, default=4)
+    ap.add_argument("--draft-vocab", type=int, default=0, help="draft over the N most frequent tokens (0: all)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--init", default=None, help="continue training this head directory (same method and target)")
+    ap.add_argument("--threads", type=int, default=None)
+    return run(ap.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
