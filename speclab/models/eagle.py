@@ -81,10 +81,25 @@ class EagleHead(nn.Module):
     # ------------------------------------------------------------------------------------------
     # inference: a flattened ragged batch over the paged cache (the target's block tables)
 
+    @torch.inference_mode()  # the paged path drafts; training goes through `dense`
     def forward(self, token_ids, feature, meta, kv_cache) -> torch.Tensor:
         """token_ids (N,) the tokens x_{t+1}; feature (N, d) f_t (or the head's own g_t); meta at
         positions t; kv_cache: the head's (k_cache, v_cache). Returns g_{t+1}: (N, d)."""
+        if not self.__dict__.get("_prepared"):
+            self.prepare()
         return self.layer(self.inputs(token_ids, feature), meta, *kv_cache)
+
+    @torch.inference_mode(False)  # weights stay ordinary tensors (a head may be trained further)
+    def prepare(self) -> None:
+        """Fuse and pack the decoder layer's projections as the target's are (models/llama.py).
+        Inference only: training uses `dense`, whose projections stay plain for autograd."""
+        self.layer.self_attn.prepare()
+        self.layer.mlp.prepare()
+        self._prepared = True
+
+    def _apply(self, fn, recurse=True):  # .to() gives new tensors: fuse and pack again before the next forward
+        self.__dict__.pop("_prepared", None)
+        return super()._apply(fn, recurse)
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int):
         c = self.layer.self_attn.cfg

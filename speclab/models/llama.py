@@ -218,13 +218,17 @@ class Attention(nn.Module):
         cfg, N = self.cfg, x.shape[0]
         H, Hkv, Dh = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         cos, sin = meta.rope(Dh, cfg.rope_theta, x.dtype)
-        qkv = self.qkv(x)  # (N, (H + 2 Hkv) Dh)
+        if "qkv" in self.__dict__:  # prepared (LlamaForCausalLM and the heads prepare before their first forward)
+            qkv = self.qkv(x)  # (N, (H + 2 Hkv) Dh)
+        else:  # a layer used on its own: the plain projections, same function
+            qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         qk = rotate(qkv[:, :(H + Hkv) * Dh].view(N, H + Hkv, Dh), cos, sin)  # q's and k's heads at once
         q, k, v = qk[:, :H], qk[:, H:], qkv[:, (H + Hkv) * Dh:]
         k_cache.view(-1, Hkv * Dh).index_copy_(0, meta.slot_mapping, k.reshape(N, Hkv * Dh))  # this step's
         v_cache.view(-1, Hkv * Dh).index_copy_(0, meta.slot_mapping, v)                       # keys, values
         out = paged_attention(q, k_cache, v_cache, meta)  # (N, H, Dh)
-        return self.o(out.reshape(N, H * Dh))
+        out = out.reshape(N, H * Dh)
+        return self.o(out) if "o" in self.__dict__ else self.o_proj(out)
 
 
 class MLP(nn.Module):
@@ -240,6 +244,10 @@ class MLP(nn.Module):
         self.down = PackedLinear(self.down_proj.weight)
 
     def forward(self, x):
+        if torch.is_grad_enabled() or "gate_up" not in self.__dict__:
+            # training a head (autograd needs the plain weights; packed ones have no gradient), or a
+            # layer used on its own: the same function through the unfused projections
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         gate, up = self.gate_up(x).chunk(2, dim=-1)  # (N, I) each
         return self.down(F.silu(gate) * up)  # SwiGLU
 
