@@ -16,8 +16,8 @@ The recipe (every choice is recorded in the shipped MANIFEST.json):
    layers matters most: ShortGPT, Men et al. 2024; Sheared-LLaMA).
 4. **Distillation.** Minimise the cross-entropy from the target's renormalised top-K distribution
    to the draft's q (forward KL(p || q) up to a constant, as in DistillSpec, Zhou et al. 2023) at
-   every position, response positions weighted 1 and prompt positions PROMPT_WEIGHT, with AdamW and
-   a cosine schedule that fits a time budget (progress = max(step / steps, elapsed / budget)).
+   every response position and a random PROMPT_WEIGHT share of the prompt positions, with AdamW
+   and a cosine schedule that fits a time budget (progress = max(step / steps, elapsed / budget)).
 5. **Ship.** config.json, the layers and final norm in float16 (layers.safetensors, about 28 MB),
    MANIFEST.json; `speclab.models.smollm2_draft.draft_dir()` materializes the full HF directory.
 6. **Evaluate** (`smollm2_draft_eval`): cost ratio c, and acceptance on the held-out sets with the engine.
@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 NUM_LAYERS = 4
 CANDIDATES = ((0, 1, 28, 29), (0, 1, 2, 29), (0, 10, 20, 29), (0, 14, 28, 29), (0, 1, 15, 29))
 TOP_K = 32                 # target log-probabilities kept per position
-PROMPT_WEIGHT = 0.25       # loss weight of prompt positions (response positions: 1)
+PROMPT_WEIGHT = 0.25       # share of prompt positions that get a loss (every response position does)
 VAL_EVERY = 16             # one conversation in VAL_EVERY is validation
 COMMAND = "python -m speclab.train.smollm2_draft"
 
@@ -93,28 +93,39 @@ def new_draft(target, layers: tuple[int, ...]):
     return draft
 
 
-def seq_loss(draft, ids: list[int], prompt_len: int, topk) -> tuple[torch.Tensor, float, torch.Tensor]:
-    """(weighted loss sum, weight sum, greedy agreement mask of response positions) for one sequence."""
+def positions(prompt_len: int, n: int, gen: torch.Generator | None) -> torch.Tensor:
+    """Rows (of the n = len(ids) - 1 next-token positions) that get a loss: every response position,
+    and with `gen` a random PROMPT_WEIGHT share of the prompt positions (the LM head, 49152 x 576,
+    is most of the draft's cost, so sampling prompt positions beats weighting all of them)."""
+    resp = torch.arange(prompt_len - 1, n)
+    if gen is None:
+        return resp
+    prompt = torch.nonzero(torch.rand(prompt_len - 1, generator=gen) < PROMPT_WEIGHT).flatten()
+    return torch.cat([prompt, resp])
+
+
+def seq_loss(draft, ids: list[int], prompt_len: int, topk, gen: torch.Generator | None = None):
+    """(loss summed over the chosen positions, their number, greedy agreement of the response positions)."""
     idx, val = topk
-    logits = draft(input_ids=torch.tensor([ids])).logits[0, :-1]
-    lq = F.log_softmax(logits.float(), dim=-1)
-    p = F.softmax(val.float(), dim=-1)                                   # the target's top-K, renormalised
-    per_pos = -(p * lq.gather(-1, idx.long())).sum(-1)                   # (T-1,)
-    w = torch.full_like(per_pos, PROMPT_WEIGHT)
-    w[prompt_len - 1:] = 1.0                                              # positions that predict the response
-    agree = (lq[prompt_len - 1:].argmax(-1) == idx[prompt_len - 1:, 0].long())
-    return (per_pos * w).sum(), float(w.sum()), agree
+    rows = positions(prompt_len, len(ids) - 1, gen)
+    hidden = draft.model(input_ids=torch.tensor([ids[:-1]])).last_hidden_state[0, rows]
+    lq = F.log_softmax(draft.lm_head(hidden).float(), dim=-1)
+    idx, val = idx[rows].long(), val[rows].float()
+    p = F.softmax(val, dim=-1)                                           # the target's top-K, renormalised
+    loss = -(p * lq.gather(-1, idx)).sum()
+    n_resp = len(ids) - prompt_len
+    agree = lq[-n_resp:].argmax(-1) == idx[-n_resp:, 0] if n_resp else torch.zeros(0, dtype=torch.bool)
+    return loss, len(rows), agree
 
 
 @torch.no_grad()
 def evaluate(draft, data: list) -> dict:
-    """Validation: weighted soft cross-entropy and greedy top-1 agreement on response positions."""
-    total = weight = 0.0
-    agree, n = 0, 0
+    """Validation on response positions: soft cross-entropy to the target's top-K, greedy top-1 agreement."""
+    total, count, agree, n = 0.0, 0, 0, 0
     for ids, plen, tk in data:
-        loss, w, a = seq_loss(draft, ids, plen, tk)
-        total, weight, agree, n = total + loss.item(), weight + w, agree + int(a.sum()), n + a.numel()
-    return {"val_loss": round(total / weight, 4), "val_top1_agreement": round(agree / max(n, 1), 4)}
+        loss, c, a = seq_loss(draft, ids, plen, tk)
+        total, count, agree, n = total + loss.item(), count + c, agree + int(a.sum()), n + a.numel()
+    return {"val_loss": round(total / max(count, 1), 4), "val_top1_agreement": round(agree / max(n, 1), 4)}
 
 
 def lr_at(progress: float, lr: float, warmup: float, min_ratio: float = 0.1) -> float:
@@ -130,6 +141,7 @@ def train(draft, data: list, val: list, *, steps: int, budget_minutes: float, to
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
     order: list[int] = []
     t0 = time.perf_counter()
     history, step, positions, progress = [], 0, 0, 0.0
@@ -144,10 +156,10 @@ def train(draft, data: list, val: list, *, steps: int, budget_minutes: float, to
                 rng.shuffle(order)
             parts.append(data[order.pop()])
             n_tok += len(parts[-1][0])
-        weight = sum(PROMPT_WEIGHT * (pl - 1) + (len(ids) - pl) for ids, pl, _ in parts)
+        weight = sum(PROMPT_WEIGHT * (pl - 1) + (len(ids) - pl) for ids, pl, _ in parts)   # expected positions
         total = 0.0
         for ids, pl, tk in parts:
-            loss, _, _ = seq_loss(draft, ids, pl, tk)
+            loss, _, _ = seq_loss(draft, ids, pl, tk, gen)
             (loss / weight).backward()
             total += loss.item()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -257,8 +269,8 @@ def run(budget_minutes: float = 35.0, steps: int = 400, tokens_per_step: int = 4
                  "train_sequences": len(data), "val_sequences": len(val),
                  "train_tokens": sum(len(r[0]) for r in data), "val_split": f"conversation id hash % {VAL_EVERY} == 0"},
         "training": {"loss": f"cross-entropy from the target's renormalised top-{TOP_K} next-token distribution "
-                             f"(forward KL up to a constant, DistillSpec), response positions weight 1, prompt "
-                             f"positions {PROMPT_WEIGHT}", "optimizer": "AdamW(betas 0.9/0.95, wd 0), grad clip 1.0",
+                             f"(forward KL up to a constant, DistillSpec) at every response position and a random "
+                             f"{PROMPT_WEIGHT} share of prompt positions; validation on response positions", "optimizer": "AdamW(betas 0.9/0.95, wd 0), grad clip 1.0",
                      "lr": lr, "schedule": "linear warmup 5%, cosine to 10%, progress = max(step/steps, elapsed/budget)",
                      "max_steps": steps, "budget_minutes": budget_minutes, "tokens_per_step": tokens_per_step,
                      "seed": seed, "trainable": "decoder layers and final norm", **fig,

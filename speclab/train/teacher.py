@@ -65,7 +65,7 @@ def _order(records: list[dict], salt: str) -> list[dict]:
 
 def build_teacher_data(n_greedy: int | None = None, n_sample: int = 128, max_tokens: int = 256,
                        max_num_seqs: int = 32, budget_minutes: float | None = None,
-                       out: str | Path | None = None, verbose: bool = True) -> Path:
+                       out: str | Path | None = None, verbose: bool = True, resume: bool = False) -> Path:
     """Generate the teacher data and write teacher.pt, then MANIFEST.json, into `out` (default teacher_dir()).
 
     Args:
@@ -77,6 +77,8 @@ def build_teacher_data(n_greedy: int | None = None, n_sample: int = 128, max_tok
         max_num_seqs: the engine's batch.
         budget_minutes: stop starting new chunks of CHUNK conversations after this much time (the
             counts actually generated are in the manifest).
+        resume: keep the answers of an earlier run in `out` (same prompts version and settings) and
+            generate only the missing ones; seconds and the command add up.
     """
     from speclab.data.train_prompts import load_train_prompts, train_prompts_version
     from speclab.llm import LLM
@@ -96,6 +98,17 @@ def build_teacher_data(n_greedy: int | None = None, n_sample: int = 128, max_tok
     tok = llm.tokenizer
     data = {"token_ids": [], "prompt_lens": [], "ids": [], "temperature": []}
     finished = tokens = 0
+    earlier = {"seconds": 0.0, "commands": []}
+    if resume and (out / "teacher.pt").is_file():
+        old = json.loads((out / "MANIFEST.json").read_text()) if (out / "MANIFEST.json").is_file() else None
+        if old is None or old["prompts"]["version"] != train_prompts_version() or old["max_tokens"] != max_tokens:
+            raise ValueError(f"cannot resume {out}: it is incomplete or was built with other prompts or max_tokens; "
+                             f"run without --resume to rebuild it")
+        data = torch.load(out / "teacher.pt", weights_only=True)
+        finished, tokens = old["counts"]["finished_with_end_token"], old["tokens"]["response"]
+        earlier = {"seconds": old["seconds"], "commands": old.get("commands", [old["command"]])}
+        done = set(data["ids"])
+        jobs = [j for j in jobs if (f"{j[0]['id']}#greedy" if j[2] is None else f"{j[0]['id']}#t1s{j[2]}") not in done]
     stopped_early = False
     for start in range(0, len(jobs), CHUNK):
         if budget_minutes is not None and time.perf_counter() - t0 > 60 * budget_minutes:
@@ -116,15 +129,16 @@ def build_teacher_data(n_greedy: int | None = None, n_sample: int = 128, max_tok
             tokens += len(resp)
         if verbose:
             el = time.perf_counter() - t0
-            print(f"[teacher] {len(data['ids'])}/{len(jobs)} answers, {tokens} new tokens, {el:.0f} s "
-                  f"({tokens / el:.1f} tok/s)", file=sys.stderr, flush=True)
+            print(f"[teacher] {len(data['ids'])} answers ({min(start + CHUNK, len(jobs))}/{len(jobs)} of this run), "
+                  f"{tokens} response tokens, {el:.0f} s this run", file=sys.stderr, flush=True)
     out.mkdir(parents=True, exist_ok=True)
     for name in ("MANIFEST.json",):                 # an older, complete build is no longer complete
         (out / name).unlink(missing_ok=True)
     tmp = out / "teacher.pt.tmp"
     torch.save(data, tmp)
     os.replace(tmp, out / "teacher.pt")
-    seconds = time.perf_counter() - t0
+    seconds = time.perf_counter() - t0 + earlier["seconds"]
+    command = COMMAND + (" " + " ".join(sys.argv[1:]) if __name__ == "__main__" and sys.argv[1:] else "")
     manifest = {
         "name": NAME,
         "model": "SmolLM2-135M-Instruct, Q4_1-dequantized (speclab.models.smollm2), float32, speclab engine",
@@ -138,7 +152,8 @@ def build_teacher_data(n_greedy: int | None = None, n_sample: int = 128, max_tok
         "max_num_seqs": max_num_seqs,
         "seconds": round(seconds, 1),
         "response_tokens_per_second": round(tokens / seconds, 1),
-        "command": COMMAND + " " + " ".join(sys.argv[1:]) if __name__ == "__main__" else COMMAND,
+        "command": command,
+        "commands": earlier["commands"] + [command],
         "machine": {"platform": platform.platform(), "processor": _cpu_name(), "cpus": os.cpu_count(),
                     "torch_threads": torch.get_num_threads(), "note": "shared with other jobs (contended)"},
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -171,8 +186,9 @@ def main(argv=None) -> None:
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--budget-minutes", type=float, default=None)
     p.add_argument("--out", default=None)
+    p.add_argument("--resume", action="store_true", help="keep an earlier run's answers, generate the rest")
     a = p.parse_args(argv)
-    build_teacher_data(a.n_greedy, a.n_sample, a.max_tokens, a.max_num_seqs, a.budget_minutes, a.out)
+    build_teacher_data(a.n_greedy, a.n_sample, a.max_tokens, a.max_num_seqs, a.budget_minutes, a.out, resume=a.resume)
 
 
 if __name__ == "__main__":
