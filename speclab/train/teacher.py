@@ -75,8 +75,8 @@ def build_teacher_data(n_greedy: int | None = None, n_sample: int = 128, max_tok
             SAMPLE_EVERY-th one, interleaved with the greedy answers).
         max_tokens: new tokens per answer at most.
         max_num_seqs: the engine's batch.
-        budget_minutes: stop starting new chunks of CHUNK conversations after this much time (the
-            counts actually generated are in the manifest).
+        budget_minutes: stop starting new chunks of CHUNK conversations after this much time (at
+            least one chunk runs; the counts actually generated are in the manifest).
         resume: keep the answers of an earlier run in `out` (same prompts version and settings) and
             generate only the missing ones; seconds and the command add up.
     """
@@ -111,7 +111,7 @@ def build_teacher_data(n_greedy: int | None = None, n_sample: int = 128, max_tok
         jobs = [j for j in jobs if (f"{j[0]['id']}#greedy" if j[2] is None else f"{j[0]['id']}#t1s{j[2]}") not in done]
     stopped_early = False
     for start in range(0, len(jobs), CHUNK):
-        if budget_minutes is not None and time.perf_counter() - t0 > 60 * budget_minutes:
+        if budget_minutes is not None and start > 0 and time.perf_counter() - t0 > 60 * budget_minutes:
             stopped_early = True
             break
         chunk = jobs[start:start + CHUNK]
