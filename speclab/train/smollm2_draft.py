@@ -164,8 +164,13 @@ def lr_at(progress: float, lr: float, warmup: float, min_ratio: float = 0.1) -> 
 
 
 def train(draft, data: list, val: list, *, steps: int, budget_minutes: float, tokens_per_step: int, lr: float,
-          seed: int, log) -> dict:
-    """AdamW on the draft's layers and norm; returns the run's figures."""
+          seed: int, log, eval_every: int = 20) -> dict:
+    """AdamW on the draft's layers and norm; returns the run's figures.
+
+    The teacher data is small (a 2-core machine generates a few thousand tokens in ten minutes), so
+    the run passes over it many times: every `eval_every` steps the validation loss is measured and
+    the draft ends with the weights of its best validation (early stopping).
+    """
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     rng = random.Random(seed)
@@ -173,6 +178,9 @@ def train(draft, data: list, val: list, *, steps: int, budget_minutes: float, to
     order: list[int] = []
     t0 = time.perf_counter()
     history, step, positions, progress = [], 0, 0, 0.0
+    best = {"step": 0, **evaluate(draft, val)}
+    best_state = {k: v.detach().clone() for k, v in draft.state_dict().items()}
+    log(f"validation {best}")
     bar = tqdm(total=steps, desc="distil", mininterval=5)
     draft.train()
     while progress < 1:
@@ -201,15 +209,20 @@ def train(draft, data: list, val: list, *, steps: int, budget_minutes: float, to
         if step % 10 == 0 or progress >= 1:
             log(f"step {step} loss {total / weight:.4f} lr {opt.param_groups[0]['lr']:.2e} "
                 f"positions {positions} {time.perf_counter() - t0:.0f} s")
-        if step % 60 == 0 and progress < 1:
+        if step % eval_every == 0 or progress >= 1:
             draft.eval()
             history.append({"step": step, **evaluate(draft, val)})
             draft.train()
             log(f"validation {history[-1]}")
+            if history[-1]["val_loss"] < best["val_loss"]:
+                best = history[-1]
+                best_state = {k: v.detach().clone() for k, v in draft.state_dict().items()}
     bar.close()
+    draft.load_state_dict(best_state)
     draft.eval()
+    log(f"kept the weights of step {best['step']}: {best}")
     return {"steps": step, "positions_seen": positions, "seconds": round(time.perf_counter() - t0, 1),
-            "val_history": history}
+            "val_history": history, "kept_step": best["step"], "eval_every": eval_every}
 
 
 def save_shipped(draft, out: Path, manifest: dict) -> None:
@@ -295,6 +308,7 @@ def run(budget_minutes: float = 35.0, steps: int = 400, tokens_per_step: int = 4
                              f"(forward KL up to a constant, DistillSpec) at every response position and a random "
                              f"{PROMPT_WEIGHT} share of prompt positions; validation on response positions", "optimizer": "AdamW(betas 0.9/0.95, wd 0), grad clip 1.0",
                      "lr": lr, "schedule": "linear warmup 5%, cosine to 10%, progress = max(step/steps, elapsed/budget)",
+                     "early_stopping": "the weights of the best validation loss are kept (kept_step)",
                      "max_steps": steps, "budget_minutes": budget_minutes, "tokens_per_step": tokens_per_step,
                      "seed": seed, "trainable": "decoder layers and final norm", **fig,
                      "target_topk_seconds_this_run": topk_seconds,
