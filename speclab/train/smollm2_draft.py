@@ -240,8 +240,8 @@ def save_shipped(draft, out: Path, manifest: dict) -> None:
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
-def run(budget_minutes: float = 35.0, steps: int = 400, tokens_per_step: int = 4096, lr: float = 5e-4,
-        seed: int = 0, out: Path | None = None, evaluate_after: bool = True) -> Path:
+def run(budget_minutes: float = 35.0, steps: int = 400, tokens_per_step: int = 2048, lr: float = 8e-4,
+        seed: int = 0, out: Path | None = None, evaluate_after: bool = True, teacher_answers: int | None = None) -> Path:
     from speclab.models.smollm2_draft import SHIPPED
     from speclab.train.teacher import load_teacher_data, teacher_manifest
 
@@ -261,6 +261,8 @@ def run(budget_minutes: float = 35.0, steps: int = 400, tokens_per_step: int = 4
     log(f"start: {COMMAND}, budget {budget_minutes} min, torch threads {torch.get_num_threads()}")
     teacher = load_teacher_data()
     tman = teacher_manifest()
+    if teacher_answers is not None:              # the first answers of the teacher data (its order is fixed)
+        teacher = {k: v[:teacher_answers] for k, v in teacher.items()}
     target = load_target()
     t1 = time.perf_counter()
     topk, topk_all_seconds = cached_target_topk(target, teacher["token_ids"], log=log)
@@ -302,6 +304,8 @@ def run(budget_minutes: float = 35.0, steps: int = 400, tokens_per_step: int = 4
                 "init from the target converges far faster on a CPU than training from scratch."),
         "init": {"candidates": init, "chosen_layers": best["layers"], "seconds": init_seconds},
         "data": {"teacher": {k: tman[k] for k in ("name", "prompts", "counts", "tokens", "created", "command")},
+                 "teacher_answers_used": len(teacher["ids"]),
+                 "teacher_answers_used_greedy": sum(t == 0 for t in teacher["temperature"]),
                  "train_sequences": len(data), "val_sequences": len(val),
                  "train_tokens": sum(len(r[0]) for r in data), "val_split": f"conversation id hash % {VAL_EVERY} == 0"},
         "training": {"loss": f"cross-entropy from the target's renormalised top-{TOP_K} next-token distribution "
@@ -317,7 +321,8 @@ def run(budget_minutes: float = 35.0, steps: int = 400, tokens_per_step: int = 4
                      "total_seconds": total,
                      "total_seconds_with_earlier_topk": round(total - topk_seconds + topk_all_seconds, 1), "torch_threads": torch.get_num_threads(),
                      "machine": _machine()},
-        "reproduce": [f"python -m speclab.train.teacher", COMMAND],
+        "reproduce": ["python -m speclab.train.teacher --budget-minutes 8   (or any run: answers come in a fixed order)",
+                      " ".join([COMMAND, *sys.argv[1:]]) if sys.argv[1:] else COMMAND],
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     save_shipped(draft, out, manifest)
@@ -337,11 +342,12 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--budget-minutes", type=float, default=35.0, help="time box of the distillation loop")
     p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--tokens-per-step", type=int, default=4096)
-    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--tokens-per-step", type=int, default=2048)
+    p.add_argument("--lr", type=float, default=8e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="default: speclab/checkpoints/smollm2-draft")
     p.add_argument("--no-eval", action="store_true")
+    p.add_argument("--teacher-answers", type=int, default=None, help="use only the first N teacher answers")
     p.add_argument("--eval-only", action="store_true", help="evaluate the shipped draft and update its manifest")
     p.add_argument("--eval-t1", action="store_true", help="also measure T=1 acceptance")
     p.add_argument("--precompute-only", action="store_true", help="only cache the target's top-K for the teacher data")
@@ -356,7 +362,8 @@ def main(argv=None) -> None:
         from speclab.train.smollm2_draft_eval import evaluate_shipped
         evaluate_shipped(Path(a.out) if a.out else SHIPPED, t1=a.eval_t1)
         return
-    run(a.budget_minutes, a.steps, a.tokens_per_step, a.lr, a.seed, a.out, evaluate_after=not a.no_eval)
+    run(a.budget_minutes, a.steps, a.tokens_per_step, a.lr, a.seed, a.out, evaluate_after=not a.no_eval,
+        teacher_answers=a.teacher_answers)
 
 
 if __name__ == "__main__":
