@@ -44,7 +44,7 @@ NUM_LAYERS = 4
 CANDIDATES = ((0, 1, 28, 29), (0, 1, 2, 29), (0, 10, 20, 29), (0, 14, 28, 29), (0, 1, 15, 29))
 TOP_K = 32                 # target log-probabilities kept per position
 PROMPT_WEIGHT = 0.25       # share of prompt positions that get a loss (every response position does)
-VAL_EVERY = 16             # one conversation in VAL_EVERY is validation
+VAL_EVERY = 6   # one source in VAL_EVERY (by hash) is validation
 COMMAND = "python -m speclab.train.smollm2_draft"
 
 
@@ -54,8 +54,9 @@ def work_dir() -> Path:
 
 
 def _is_val(seq_id: str) -> bool:
-    conv = seq_id.split("#")[0]
-    return int(hashlib.sha256(conv.encode()).hexdigest(), 16) % VAL_EVERY == 0
+    """By the source (function, passage or question), so two tasks on one function stay on one side."""
+    source = seq_id.split("#")[0].split("/", 2)[-1]
+    return int(hashlib.sha256(source.encode()).hexdigest(), 16) % VAL_EVERY == 0
 
 
 def load_target():
@@ -307,7 +308,7 @@ def run(budget_minutes: float = 35.0, steps: int = 400, tokens_per_step: int = 2
                  "teacher_answers_used": len(teacher["ids"]),
                  "teacher_answers_used_greedy": sum(t == 0 for t in teacher["temperature"]),
                  "train_sequences": len(data), "val_sequences": len(val),
-                 "train_tokens": sum(len(r[0]) for r in data), "val_split": f"conversation id hash % {VAL_EVERY} == 0"},
+                 "train_tokens": sum(len(r[0]) for r in data), "val_split": f"source (function, passage, question) hash % {VAL_EVERY} == 0"},
         "training": {"loss": f"cross-entropy from the target's renormalised top-{TOP_K} next-token distribution "
                              f"(forward KL up to a constant, DistillSpec) at every response position and a random "
                              f"{PROMPT_WEIGHT} share of prompt positions; validation on response positions", "optimizer": "AdamW(betas 0.9/0.95, wd 0), grad clip 1.0",
