@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 NUM_LAYERS = 4
 CANDIDATES = ((0, 1, 28, 29), (0, 1, 2, 29), (0, 10, 20, 29), (0, 14, 28, 29), (0, 1, 15, 29))
 TOP_K = 32                 # target log-probabilities kept per position
-PROMPT_WEIGHT = 0.25       # share of prompt positions that get a loss (every response position does)
+PROMPT_WEIGHT = 0.1        # share of prompt positions that get a loss (every response position does)
 VAL_EVERY = 6   # one source in VAL_EVERY (by hash) is validation
 COMMAND = "python -m speclab.train.smollm2_draft"
 
@@ -241,8 +241,9 @@ def save_shipped(draft, out: Path, manifest: dict) -> None:
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
-def run(budget_minutes: float = 35.0, steps: int = 400, tokens_per_step: int = 2048, lr: float = 8e-4,
-        seed: int = 0, out: Path | None = None, evaluate_after: bool = True, teacher_answers: int | None = None) -> Path:
+def run(budget_minutes: float = 35.0, steps: int = 400, tokens_per_step: int = 512, lr: float = 1e-3,
+        seed: int = 0, out: Path | None = None, evaluate_after: bool = True, teacher_answers: int | None = None,
+        layers: tuple[int, ...] | None = None) -> Path:
     from speclab.models.smollm2_draft import SHIPPED
     from speclab.train.teacher import load_teacher_data, teacher_manifest
 
@@ -276,12 +277,18 @@ def run(budget_minutes: float = 35.0, steps: int = 400, tokens_per_step: int = 2
     log(f"{len(data)} training sequences ({sum(len(r[0]) for r in data)} tokens), {len(val)} validation")
 
     t1 = time.perf_counter()
-    init = []
-    for layers in CANDIDATES:
-        d = new_draft(target, layers)
-        init.append({"layers": list(layers), **evaluate(d, val)})
-        log(f"init {init[-1]}")
-    best = min(init, key=lambda r: r["val_loss"])
+    init_file = wd / "init_candidates.json"
+    if layers is None:
+        init = []
+        for cand in CANDIDATES:
+            init.append({"layers": list(cand), **evaluate(new_draft(target, cand), val)})
+            log(f"init {init[-1]}")
+        init_file.write_text(json.dumps(init, indent=1) + "\n")
+        best = min(init, key=lambda r: r["val_loss"])
+    else:                                      # chosen earlier: the candidates' figures come from that run
+        init = json.loads(init_file.read_text()) if init_file.is_file() else []
+        best = {"layers": list(layers), **evaluate(new_draft(target, tuple(layers)), val)}
+        log(f"init (given) {best}")
     init_seconds = round(time.perf_counter() - t1, 1)
     draft = new_draft(target, tuple(best["layers"]))
     del target
@@ -303,7 +310,9 @@ def run(budget_minutes: float = 35.0, steps: int = 400, tokens_per_step: int = 2
                 "directory. 4 layers in float16 fit the cap (about 28 MB); the LM head (21% of a target forward) "
                 "dominates the draft's cost, so more layers change c little while raising acceptance; layer-pruned "
                 "init from the target converges far faster on a CPU than training from scratch."),
-        "init": {"candidates": init, "chosen_layers": best["layers"], "seconds": init_seconds},
+        "init": {"candidates": init, "chosen_layers": best["layers"], "seconds": init_seconds,
+                 "selection": "lowest validation loss among the candidates" if layers is None else
+                              "given by --layers (the candidates' figures are from the run that chose it)"},
         "data": {"teacher": {k: tman[k] for k in ("name", "prompts", "counts", "tokens", "created", "command")},
                  "teacher_answers_used": len(teacher["ids"]),
                  "teacher_answers_used_greedy": sum(t == 0 for t in teacher["temperature"]),
@@ -343,12 +352,14 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--budget-minutes", type=float, default=35.0, help="time box of the distillation loop")
     p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--tokens-per-step", type=int, default=2048)
-    p.add_argument("--lr", type=float, default=8e-4)
+    p.add_argument("--tokens-per-step", type=int, default=512)
+    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="default: speclab/checkpoints/smollm2-draft")
     p.add_argument("--no-eval", action="store_true")
     p.add_argument("--teacher-answers", type=int, default=None, help="use only the first N teacher answers")
+    p.add_argument("--layers", default=None, help="the target layers to start from, e.g. 0,14,28,29 (default: "
+                                                  "the best of CANDIDATES on validation)")
     p.add_argument("--eval-only", action="store_true", help="evaluate the shipped draft and update its manifest")
     p.add_argument("--eval-t1", action="store_true", help="also measure T=1 acceptance")
     p.add_argument("--precompute-only", action="store_true", help="only cache the target's top-K for the teacher data")
@@ -364,7 +375,7 @@ def main(argv=None) -> None:
         evaluate_shipped(Path(a.out) if a.out else SHIPPED, t1=a.eval_t1)
         return
     run(a.budget_minutes, a.steps, a.tokens_per_step, a.lr, a.seed, a.out, evaluate_after=not a.no_eval,
-        teacher_answers=a.teacher_answers)
+        teacher_answers=a.teacher_answers, layers=tuple(map(int, a.layers.split(","))) if a.layers else None)
 
 
 if __name__ == "__main__":
