@@ -362,6 +362,8 @@ def main(argv=None) -> None:
                                                   "the best of CANDIDATES on validation)")
     p.add_argument("--eval-only", action="store_true", help="evaluate the shipped draft and update its manifest")
     p.add_argument("--eval-t1", action="store_true", help="also measure T=1 acceptance")
+    p.add_argument("--eval-max-tokens", type=int, default=None, help="default: smollm2_draft_eval.MAX_TOKENS")
+    p.add_argument("--eval-prompts", type=int, default=None, help="per held-out set; default: NUM_PROMPTS")
     p.add_argument("--precompute-only", action="store_true", help="only cache the target's top-K for the teacher data")
     p.add_argument("--threads", type=int, default=2)
     a = p.parse_args(argv)
@@ -372,7 +374,9 @@ def main(argv=None) -> None:
     if a.eval_only:
         from speclab.models.smollm2_draft import SHIPPED
         from speclab.train.smollm2_draft_eval import evaluate_shipped
-        evaluate_shipped(Path(a.out) if a.out else SHIPPED, t1=a.eval_t1)
+        from speclab.train import smollm2_draft_eval as E
+        evaluate_shipped(Path(a.out) if a.out else SHIPPED, t1=a.eval_t1, max_tokens=a.eval_max_tokens or E.MAX_TOKENS,
+                         num_prompts=a.eval_prompts or E.NUM_PROMPTS)
         return
     run(a.budget_minutes, a.steps, a.tokens_per_step, a.lr, a.seed, a.out, evaluate_after=not a.no_eval,
         teacher_answers=a.teacher_answers, layers=tuple(map(int, a.layers.split(","))) if a.layers else None)
