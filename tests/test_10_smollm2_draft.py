@@ -89,6 +89,44 @@ def test_training_prompts_are_built_deterministically_from_train_modules_only():
 
 # --- teacher data ----------------------------------------------------------------------------------
 
+class _FakeLLM:
+    """Stands in for LLM(model="smollm2"): answers every conversation with its length, then END."""
+    END = 2
+
+    def __init__(self, *args, **kwargs):
+        self.tokenizer = None
+
+    def chat(self, convs, params, use_tqdm=True):
+        from types import SimpleNamespace as NS
+        outs = []
+        for c, p in zip(convs, params):
+            resp = [7 + int(p.temperature)] * 3 + [self.END]
+            outs.append(NS(prompt_token_ids=_fake_ids(c), outputs=[NS(token_ids=resp, finish_reason="stop")]))
+        return outs
+
+
+def _fake_ids(messages):
+    return [1, len(messages[-1]["content"]) % 1000, 9]
+
+
+def test_teacher_data_is_written_in_its_contract_format_and_resumes(monkeypatch, tmp_path):
+    import speclab.chat
+    import speclab.llm
+    monkeypatch.setattr(speclab.llm, "LLM", _FakeLLM)
+    monkeypatch.setattr(speclab.chat, "chat_prompt_ids", lambda tok, messages: _fake_ids(messages))
+    teacher.build_teacher_data(n_greedy=4, n_sample=2, out=tmp_path, verbose=False)
+    data, manifest = teacher.load_teacher_data(tmp_path), teacher.teacher_manifest(tmp_path)
+    assert set(data) == {"token_ids", "prompt_lens", "ids", "temperature"}
+    assert data["temperature"] == [0.0, 1.0, 0.0, 0.0, 0.0, 1.0]          # T=1 answers interleaved
+    assert all(t[p:] == [7 + int(temp)] * 3 + [2] for t, p, temp in zip(data["token_ids"], data["prompt_lens"],
+                                                                        data["temperature"]))
+    assert manifest["counts"]["answers"] == 6 and manifest["tokens"]["response"] == 24
+    teacher.build_teacher_data(n_greedy=6, n_sample=2, out=tmp_path, verbose=False, resume=True)
+    more = teacher.load_teacher_data(tmp_path)
+    assert more["ids"][:6] == data["ids"] and len(more["ids"]) == 8 and len(set(more["ids"])) == 8
+    assert len(teacher.teacher_manifest(tmp_path)["commands"]) == 2
+
+
 def test_missing_teacher_data_names_the_command(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"python -m speclab\.train\.teacher"):
         teacher.load_teacher_data(tmp_path)
@@ -106,7 +144,12 @@ def test_teacher_data_keeps_its_contract():
     assert manifest["prompts"]["version"] == train_prompts_version()
     assert sum(len(t) - p for t, p in zip(data["token_ids"], data["prompt_lens"])) == manifest["tokens"]["response"]
     assert all(isinstance(t, int) for t in data["token_ids"][0])
-    assert sum(t[-1] == data["token_ids"][0][-1] for t in data["token_ids"]) >= manifest["counts"]["finished_with_end_token"] > 0
+    from transformers import AutoTokenizer
+    end = AutoTokenizer.from_pretrained(str(smollm2.model_dir())).convert_tokens_to_ids("<|im_end|>")
+    ended = sum(t[-1] == end for t in data["token_ids"])
+    assert ended == manifest["counts"]["finished_with_end_token"] > 0, "finished answers end with <|im_end|>"
+    assert all(len(t) - p == manifest["max_tokens"] for t, p in zip(data["token_ids"], data["prompt_lens"])
+               if t[-1] != end), "an unfinished answer stopped before max_tokens"
     train_ids = {r["id"] for r in load_train_prompts()}
     assert all(i.split("#")[0] in train_ids for i in data["ids"])
 

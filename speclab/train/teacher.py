@@ -109,6 +109,40 @@ def build_teacher_data(n_greedy: int | None = None, n_sample: int = 128, max_tok
         earlier = {"seconds": old["seconds"], "commands": old.get("commands", [old["command"]])}
         done = set(data["ids"])
         jobs = [j for j in jobs if (f"{j[0]['id']}#greedy" if j[2] is None else f"{j[0]['id']}#t1s{j[2]}") not in done]
+    out.mkdir(parents=True, exist_ok=True)
+    command = COMMAND + (" " + " ".join(sys.argv[1:]) if __name__ == "__main__" and sys.argv[1:] else "")
+
+    def save(stopped_early: bool, run_finished: bool) -> float:
+        """teacher.pt, then MANIFEST.json, each replaced atomically: after every chunk, a consistent set."""
+        (out / "MANIFEST.json").unlink(missing_ok=True)          # absent while teacher.pt changes
+        torch.save(data, out / "teacher.pt.tmp")
+        os.replace(out / "teacher.pt.tmp", out / "teacher.pt")
+        seconds = time.perf_counter() - t0 + earlier["seconds"]
+        manifest = {
+            "name": NAME,
+            "model": "SmolLM2-135M-Instruct, Q4_1-dequantized (speclab.models.smollm2), float32, speclab engine",
+            "prompts": {"source": "speclab/data/train_prompts.json", "version": train_prompts_version(),
+                        "num_conversations": len(records)},
+            "counts": {"answers": len(data["ids"]), "greedy": sum(t == 0 for t in data["temperature"]),
+                       "t1": sum(t == 1 for t in data["temperature"]), "finished_with_end_token": finished,
+                       "stopped_by_budget": stopped_early, "run_finished": run_finished},
+            "tokens": {"prompt": sum(data["prompt_lens"]), "response": tokens},
+            "max_tokens": max_tokens,
+            "max_num_seqs": max_num_seqs,
+            "seconds": round(seconds, 1),
+            "response_tokens_per_second": round(tokens / seconds, 1),
+            "command": command,
+            "commands": earlier["commands"] + [command],
+            "machine": {"platform": platform.platform(), "processor": _cpu_name(), "cpus": os.cpu_count(),
+                        "torch_threads": torch.get_num_threads(), "note": "shared with other jobs (contended)"},
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "format": {"teacher.pt": "dict: token_ids list[list[int]] (prompt + response), prompt_lens list[int], "
+                                     "ids list[str], temperature list[float]"},
+        }
+        (out / "MANIFEST.json.tmp").write_text(json.dumps(manifest, indent=1) + "\n")
+        os.replace(out / "MANIFEST.json.tmp", out / "MANIFEST.json")
+        return seconds
+
     stopped_early = False
     for start in range(0, len(jobs), CHUNK):
         if budget_minutes is not None and start > 0 and time.perf_counter() - t0 > 60 * budget_minutes:
@@ -127,41 +161,12 @@ def build_teacher_data(n_greedy: int | None = None, n_sample: int = 128, max_tok
             data["temperature"].append(float(t))
             finished += o.outputs[0].finish_reason == "stop"
             tokens += len(resp)
+        save(False, False)                  # a killed run keeps every finished chunk (resume with --resume)
         if verbose:
             el = time.perf_counter() - t0
             print(f"[teacher] {len(data['ids'])} answers ({min(start + CHUNK, len(jobs))}/{len(jobs)} of this run), "
                   f"{tokens} response tokens, {el:.0f} s this run", file=sys.stderr, flush=True)
-    out.mkdir(parents=True, exist_ok=True)
-    for name in ("MANIFEST.json",):                 # an older, complete build is no longer complete
-        (out / name).unlink(missing_ok=True)
-    tmp = out / "teacher.pt.tmp"
-    torch.save(data, tmp)
-    os.replace(tmp, out / "teacher.pt")
-    seconds = time.perf_counter() - t0 + earlier["seconds"]
-    command = COMMAND + (" " + " ".join(sys.argv[1:]) if __name__ == "__main__" and sys.argv[1:] else "")
-    manifest = {
-        "name": NAME,
-        "model": "SmolLM2-135M-Instruct, Q4_1-dequantized (speclab.models.smollm2), float32, speclab engine",
-        "prompts": {"source": "speclab/data/train_prompts.json", "version": train_prompts_version(),
-                    "num_conversations": len(records)},
-        "counts": {"answers": len(data["ids"]), "greedy": sum(t == 0 for t in data["temperature"]),
-                   "t1": sum(t == 1 for t in data["temperature"]), "finished_with_end_token": finished,
-                   "stopped_by_budget": stopped_early},
-        "tokens": {"prompt": sum(data["prompt_lens"]), "response": tokens},
-        "max_tokens": max_tokens,
-        "max_num_seqs": max_num_seqs,
-        "seconds": round(seconds, 1),
-        "response_tokens_per_second": round(tokens / seconds, 1),
-        "command": command,
-        "commands": earlier["commands"] + [command],
-        "machine": {"platform": platform.platform(), "processor": _cpu_name(), "cpus": os.cpu_count(),
-                    "torch_threads": torch.get_num_threads(), "note": "shared with other jobs (contended)"},
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "format": {"teacher.pt": "dict: token_ids list[list[int]] (prompt + response), prompt_lens list[int], "
-                                 "ids list[str], temperature list[float]"},
-    }
-    (out / "MANIFEST.json.tmp").write_text(json.dumps(manifest, indent=1) + "\n")
-    os.replace(out / "MANIFEST.json.tmp", out / "MANIFEST.json")
+    seconds = save(stopped_early, True)
     if verbose:
         print(f"[teacher] wrote {out}: {len(data['ids'])} answers, {tokens} tokens, {seconds:.0f} s",
               file=sys.stderr, flush=True)
