@@ -317,11 +317,13 @@ def run(budget_minutes: float = 35.0, steps: int = 400, tokens_per_step: int = 5
                  "teacher_answers_used": len(teacher["ids"]),
                  "teacher_answers_used_greedy": sum(t == 0 for t in teacher["temperature"]),
                  "train_sequences": len(data), "val_sequences": len(val),
-                 "train_tokens": sum(len(r[0]) for r in data), "val_split": f"source (function, passage, question) hash % {VAL_EVERY} == 0"},
+                 "train_tokens": sum(len(r[0]) for r in data),
+                 "val_split": f"source (function, passage, question) hash % {VAL_EVERY} == 0"},
         "training": {"loss": f"cross-entropy from the target's renormalised top-{TOP_K} next-token distribution "
                              f"(forward KL up to a constant, DistillSpec) at every response position and a random "
-                             f"{PROMPT_WEIGHT} share of prompt positions; validation on response positions", "optimizer": "AdamW(betas 0.9/0.95, wd 0), grad clip 1.0",
-                     "lr": lr, "schedule": "linear warmup 5%, cosine to 10%, progress = max(step/steps, elapsed/budget)",
+                             f"{PROMPT_WEIGHT} share of prompt positions; validation on response positions",
+                     "optimizer": "AdamW(betas 0.9/0.95, wd 0), grad clip 1.0", "lr": lr,
+                     "schedule": "linear warmup 5%, cosine to 10%, progress = max(step/steps, elapsed/budget)",
                      "early_stopping": "the weights of the best validation loss are kept (kept_step)",
                      "max_steps": steps, "budget_minutes": budget_minutes, "tokens_per_step": tokens_per_step,
                      "seed": seed, "trainable": "decoder layers and final norm", **fig,
@@ -329,9 +331,10 @@ def run(budget_minutes: float = 35.0, steps: int = 400, tokens_per_step: int = 5
                      "target_topk_seconds_all_runs": topk_all_seconds, "final_validation": final,
                      "initial_validation": {k: best[k] for k in ("val_loss", "val_top1_agreement")},
                      "total_seconds": total,
-                     "total_seconds_with_earlier_topk": round(total - topk_seconds + topk_all_seconds, 1), "torch_threads": torch.get_num_threads(),
+                     "total_seconds_with_earlier_topk": round(total - topk_seconds + topk_all_seconds, 1),
+                     "torch_threads": torch.get_num_threads(),
                      "machine": _machine()},
-        "reproduce": ["python -m speclab.train.teacher --budget-minutes 8   (or any run: answers come in a fixed order)",
+        "reproduce": ["python -m speclab.train.teacher --budget-minutes 8  (or any run: answers come in a fixed order)",
                       " ".join([COMMAND, *sys.argv[1:]]) if sys.argv[1:] else COMMAND],
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -345,7 +348,8 @@ def run(budget_minutes: float = 35.0, steps: int = 400, tokens_per_step: int = 5
 
 def _machine() -> dict:
     from speclab.train.teacher import _cpu_name
-    return {"processor": _cpu_name(), "cpus": os.cpu_count(), "note": "2-core machine shared with other jobs (contended)"}
+    return {"processor": _cpu_name(), "cpus": os.cpu_count(),
+            "note": "2-core machine shared with other jobs (contended)"}
 
 
 def main(argv=None) -> None:

@@ -38,7 +38,8 @@ def cost_ratio(target, draft, rounds: int = 3) -> dict:
         td.append(forward_seconds(draft, context=128, tokens=1, repeat=15))
     t, d = statistics.median(tt), statistics.median(td)
     return {"target_forward_ms": round(t * 1e3, 2), "draft_forward_ms": round(d * 1e3, 2), "c": round(d / t, 3),
-            "how": "speclab.timing.forward_seconds(context=128, tokens=1), batch 1, float32, medians of 3 interleaved rounds"}
+            "how": "speclab.timing.forward_seconds(context=128, tokens=1), batch 1, float32, "
+                   "medians of 3 interleaved rounds"}
 
 
 def _delta(after: dict, before: dict) -> dict:
@@ -75,14 +76,15 @@ def acceptance(draft_path: Path, t1: bool = False, max_tokens: int = MAX_TOKENS,
         t_spec = time.perf_counter() - t0
         row = _delta(spec.get_metrics(), before)
         n_tok = sum(len(o.outputs[0].token_ids) for o in a)
-        row.update({"greedy_equal_to_plain": all(x.outputs[0].token_ids == y.outputs[0].token_ids for x, y in zip(a, b)),
+        same = all(x.outputs[0].token_ids == y.outputs[0].token_ids for x, y in zip(a, b))
+        row.update({"greedy_equal_to_plain": same,
                     "generated_tokens": n_tok, "plain_tok_s": round(n_tok / t_plain, 1),
                     "spec_tok_s": round(sum(len(o.outputs[0].token_ids) for o in b) / t_spec, 1),
                     "wall_ratio_plain_over_spec": round(t_plain / t_spec, 3)})
         if t1:
             before = spec.get_metrics()
-            spec.chat(convs, [SamplingParams(temperature=1.0, seed=i, max_tokens=max_tokens) for i in range(len(convs))],
-                      use_tqdm=False)
+            seeded = [SamplingParams(temperature=1.0, seed=i, max_tokens=max_tokens) for i in range(len(convs))]
+            spec.chat(convs, seeded, use_tqdm=False)
             row["t1"] = _delta(spec.get_metrics(), before)
         out["sets"][kind] = row
         log(f"acceptance {kind}: {row}")
@@ -112,14 +114,16 @@ def evaluate_shipped(shipped: Path, t1: bool = False, log=None, max_tokens: int 
     log(f"cost ratio {c}")
     acc = acceptance(path, t1=t1, max_tokens=max_tokens, num_prompts=num_prompts, log=log)
     manifest = json.loads((shipped / "MANIFEST.json").read_text())
-    manifest["shipped_bytes"] = sum(p.stat().st_size for p in shipped.iterdir() if p.is_file() and p.name != "MANIFEST.json")
+    manifest["shipped_bytes"] = sum(p.stat().st_size for p in shipped.iterdir()        # the weights and config
+                                    if p.is_file() and p.name != "MANIFEST.json")
     manifest["cost_ratio"] = c
     manifest["acceptance"] = acc
     manifest["evaluation"] = {"seconds": round(time.perf_counter() - t0, 1), "torch_threads": torch.get_num_threads(),
                               "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                               "command": f"python -m speclab.train.smollm2_draft --eval-only --eval-max-tokens {max_tokens} "
                                          f"--eval-prompts {num_prompts}" + (" --eval-t1" if t1 else ""),
-                              "machine": "2-core AMD EPYC shared with other jobs (contended): tok/s are one run's ratios"}
+                              "machine": "2-core AMD EPYC shared with other jobs (contended): "
+                                         "tok/s are one run's ratios"}
     (shipped / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
     if tmp is not None:
         tmp.cleanup()
