@@ -229,16 +229,25 @@ def test_disconnect_while_waiting_for_a_whole_response_aborts(url):
 
 
 def test_full_server_answers_503_not_a_hang():
-    with running_server(["--max-num-seqs", "1", "--max-pending-requests", "1"]) as url:
+    # Three long streams fill the server: one running (--max-num-seqs 1) and two waiting behind it.
+    # A stream's headers come back only after the server admitted its request, so when the posts
+    # return all three are held, and the last cannot end for ~1200 decode steps: the fourth request
+    # meets a full server whatever the machine's speed (one long stream alone could finish, on a
+    # busy machine, before the client's next request got through).
+    with running_server(["--max-num-seqs", "1", "--max-pending-requests", "3"]) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="EMPTY", max_retries=0, timeout=30)
         body = {"model": MODEL, "prompt": "def f(x):", "max_tokens": 400, "temperature": 0, "ignore_eos": True,
                 "stream": True}
-        with requests.post(url + "/v1/completions", json=body, stream=True, timeout=30) as r:
-            next(line for line in r.iter_lines() if line)
+        streams = [requests.post(url + "/v1/completions", json=body, stream=True, timeout=30) for _ in range(3)]
+        try:
+            assert all(r.status_code == 200 for r in streams)
             with pytest.raises(openai.InternalServerError) as e:
                 client.completions.create(model=MODEL, prompt="def g():", max_tokens=4)
             assert e.value.status_code == 503 and "full" in e.value.body["message"]
             assert e.value.response.headers.get("retry-after") == "1"
+        finally:
+            for r in streams:
+                r.close()
         wait_idle(url)
         assert client.completions.create(model=MODEL, prompt="def g():", max_tokens=4).usage.completion_tokens == 4
 
