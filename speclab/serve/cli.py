@@ -13,8 +13,7 @@ import sys
 
 import torch
 
-DTYPES = {"auto": torch.float32, "float": torch.float32, "float32": torch.float32, "half": torch.float16,
-          "float16": torch.float16, "bfloat16": torch.bfloat16}
+from speclab.llm import DTYPE_NAMES
 
 
 def json_arg(text: str) -> dict:
@@ -39,7 +38,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one step")
     p.add_argument("--seed", type=int, default=0, help="the engine's stream for requests without a seed")
     p.add_argument("--served-model-name", default=None, help="the name clients send as `model` (default: MODEL)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="auto", help="auto = float32 on the CPU")
+    p.add_argument("--dtype", choices=["auto", *DTYPE_NAMES], default="auto",
+                   help="vLLM's names; auto = the checkpoint's dtype, float32 for a float16 checkpoint on the CPU")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-gpu-blocks-override", type=int, default=None, help="KV blocks in the pool (vLLM's name)")
     p.add_argument("--chat-template", default=None,
@@ -59,7 +59,7 @@ def build_server(args):
     from speclab.serve.app import Server, build_app
 
     llm = LLM(args.model, speculative_config=args.speculative_config, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed, dtype=DTYPES[args.dtype],
+              max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed, dtype=args.dtype,
               block_size=args.block_size, num_kv_blocks=args.num_gpu_blocks_override)
     if args.chat_template is not None:
         path = Path(args.chat_template)
