@@ -74,9 +74,23 @@ class EagleHead(nn.Module):
         h = self.target.model.norm(g)
         if not self.cfg.draft_vocab_size:
             return self.target.lm_head(h).float()
-        sub = F.linear(h, self.target.lm_head.weight.index_select(0, self.d2t)).float()  # (N, V_draft)
+        sub = F.linear(h, self.draft_head_weight()).float()  # (N, V_draft)
         out = sub.new_full((h.shape[0], self.cfg.target["vocab_size"]), float("-inf"))
         return out.index_copy_(1, self.d2t, sub)
+
+    def draft_head_weight(self) -> torch.Tensor:
+        """The LM head's rows of the draft vocabulary, (V_draft, d). Drafting reuses one copy (the
+        gather moves V_draft x d weights, 19 MB for SmolLM2's 8192 tokens, on every chained step
+        otherwise); training gathers afresh, since a tensor made in inference mode cannot enter
+        autograd."""
+        w = self.target.lm_head.weight
+        if not torch.is_inference_mode_enabled():
+            return w.index_select(0, self.d2t)
+        key = (w, w._version, self.d2t._version)
+        cached = self.__dict__.get("_draft_head")
+        if cached is None or cached[0][0] is not w or cached[0][1:] != key[1:]:
+            cached = self._draft_head = (key, w.index_select(0, self.d2t))
+        return cached[1]
 
     # ------------------------------------------------------------------------------------------
     # inference: a flattened ragged batch over the paged cache (the target's block tables)
@@ -99,6 +113,7 @@ class EagleHead(nn.Module):
 
     def _apply(self, fn, recurse=True):  # .to() gives new tensors: fuse and pack again before the next forward
         self.__dict__.pop("_prepared", None)
+        self.__dict__.pop("_draft_head", None)
         return super()._apply(fn, recurse)
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int):
