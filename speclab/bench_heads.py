@@ -1,7 +1,8 @@
 """`python -m speclab.bench heads`: every proposer side by side at batch 1 (lesson 08).
 
-For each prompt set and temperature: plain decoding, n-gram, the draft model (embedded target only)
-and the heads (EAGLE, EAGLE-3-style, Medusa, MTP on the embedded target; EAGLE on SmolLM2), each in
+For each prompt set and temperature: plain decoding, n-gram, the draft model (`draft`, or
+`smollm2-draft` for SmolLM2) and the heads (EAGLE, EAGLE-3-style, Medusa, MTP on the embedded
+target; EAGLE on SmolLM2), each in
 one engine run over the same prompts. Reported per row: tokens/s and the measured speedup over the
 plain row of the same set and temperature; acceptance per position (accepted at position i / drafts);
 alpha (Leviathan's: accepted / positions tested); mean acceptance length tau (1 + accepted / drafts);
@@ -77,8 +78,8 @@ def bench_heads(args) -> None:
 
     real = args.target == "smollm2"
     k = args.k
-    methods = ("none", "ngram", "eagle") if real else ("none",) + EMBEDDED_METHODS
-    sets = ("chat", "codegen") if real else ("code", "prose")
+    methods = ("none", "ngram", "draft_model", "eagle") if real else ("none",) + EMBEDDED_METHODS
+    sets = tuple(args.sets or (("edit", "codegen", "qa", "chat") if real else ("code", "prose")))
     small = dict(max_num_seqs=4, kv_cache_gb=0.25)  # batch 1: a small pool, so that one LLM at a time fits
     plain = LLM(args.target, **small)
     t1 = forward_seconds(plain.model)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -102,20 +103,23 @@ def embedded_sequences(n_train: int, n_held: int, seq_len: int, seed: int = 0):
                  "seq_len": seq_len + 1, "windows": {"train": n_train, "heldout": n_held}}
 
 
-def teacher_sequences(n_held: int = 4, max_len: int = 640):
-    """The real model's own responses (chat-templated prompt + response ids), the last n_held held out."""
-    from speclab.models.smollm2 import cache_root
-    root = cache_root() / "smollm2-teacher-v1"
-    if not (root / "MANIFEST.json").exists():
-        raise FileNotFoundError(f"{root} is not complete (no MANIFEST.json): run the teacher generation first")
-    d = torch.load(root / "teacher.pt")
+def teacher_sequences(n_held: int = 24, max_len: int = 640):
+    """The real model's own responses (chat-templated prompt + response ids), split as the SmolLM2
+    draft's distillation splits them (by source, `smollm2_draft._is_val`): no held-out source, nor
+    another answer to the same conversation, is trained on; the first n_held of them are evaluated."""
+    from speclab.train.smollm2_draft import _is_val
+    from speclab.train.teacher import load_teacher_data, teacher_dir, teacher_manifest
+    d, man = load_teacher_data(), teacher_manifest()
+    val = [_is_val(i) for i in d["ids"]]
     seqs = [list(s)[:max_len] for s in d["token_ids"]]
     lens = list(d["prompt_lens"])
-    man = json.loads((root / "MANIFEST.json").read_text())
-    split = {"train": seqs[:-n_held], "heldout": seqs[-n_held:]}
-    loss_from = {"train": [0] * (len(seqs) - n_held), "heldout": lens[-n_held:]}  # held out: responses only
-    about = {"source": str(root), "teacher": {k: man.get(k) for k in ("name", "counts", "tokens", "command")},
-             "conversations": {"train": len(seqs) - n_held, "heldout": n_held}}
+    held = [i for i, v in enumerate(val) if v][:n_held]
+    train = [i for i, v in enumerate(val) if not v]
+    split = {"train": [seqs[i] for i in train], "heldout": [seqs[i] for i in held]}
+    loss_from = {"train": [0] * len(train), "heldout": [lens[i] for i in held]}  # held out: responses only
+    about = {"source": str(teacher_dir()), "teacher": {k: man.get(k) for k in ("name", "counts", "tokens", "command")},
+             "conversations": {"train": len(train), "heldout": len(held), "unused_validation": sum(val) - len(held)},
+             "split": "by source, as speclab.train.smollm2_draft._is_val"}
     return split, loss_from, about
 
 
@@ -140,8 +144,11 @@ def code_windows(tokenizer_dir, n_train: int, n_held: int, seq_len: int, seed: i
 
 def load_data(target_name: str, model, layers: tuple[int, ...], args) -> dict:
     """{'train': [(tokens, hidden, loss_from)], 'heldout': [...], 'about': {...}}, cached on disk."""
-    key = f"{target_name}-L{'-'.join(map(str, layers))}-n{args.windows}-T{args.seq_len}.pt"
-    path = cache_dir() / key
+    key = f"{target_name}-L{'-'.join(map(str, layers))}-n{args.windows}-T{args.seq_len}"
+    if target_name == "smollm2":  # the teacher data grows between runs: its size is part of the key
+        from speclab.train.teacher import teacher_manifest
+        key += f"-a{teacher_manifest()['counts']['answers']}"
+    path = cache_dir() / f"{key}.pt"
     if path.exists():
         return torch.load(path)
     if target_name == "smollm2":  # its own answers, and code it reads (disjoint from the held-out chat sets)
@@ -378,6 +385,9 @@ def run(args) -> dict:
         head.d2t.copy_(frequent_tokens(data["train"], target.config.vocab_size, args.draft_vocab))
     if args.method in ("eagle", "eagle3") and not args.init:
         identity_init(head)
+        if args.layer_init is not None:  # the decoder layer starts as one of the target's (shapes agree)
+            head.layer.load_state_dict(target.model.layers[args.layer_init].state_dict())
+            log(f"decoder layer initialised from the target's layer {args.layer_init}")
     params = [p for p in head.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in params)
     log(f"{args.method} head for {args.target}: {n_params:,} parameters; reads layers {cfg.hidden_layers}")
@@ -419,7 +429,7 @@ def run(args) -> dict:
            f"--minutes 1000 --batch-size {args.batch_size} --seq-len {args.seq_len} --lr {args.lr} --seed {args.seed}"
            + (f" --draft-vocab {args.draft_vocab}" if args.draft_vocab else "") + (f" --ttt {ttt}" if ttt != 1 else "")
            + (f" --medusa-heads {args.medusa_heads}" if args.method == "medusa" else "")
-           + f" --windows {args.windows}")
+           + f" --windows {args.windows}" + (f" --layer-init {args.layer_init}" if args.layer_init is not None else ""))
     if earlier:  # a continued run: its reproduction is the earlier command, then this one with --init
         cmd = f"{earlier['reproduce']} && {cmd.replace(f'--steps {step} ', f'--steps {step} --init {args.init} ')}"
     manifest = {
@@ -433,7 +443,7 @@ def run(args) -> dict:
                 + [{"steps": step, "train_minutes": round(minutes, 2), "lr": args.lr}], "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": args.lr,
         "final_loss_ema": round(ema, 4), "train_minutes": round(minutes + (earlier["train_minutes"] if earlier else 0), 2),
         "total_minutes": round((time.time() - t0) / 60, 2), "torch_threads": torch.get_num_threads(),
-        "machine": "2-core AMD EPYC, shared with other jobs", "heldout": fig, "seed": args.seed, "reproduce": cmd,
+        "machine": f"{os.cpu_count()}-core AMD EPYC, load average {os.getloadavg()[0]:.1f} at the end", "heldout": fig, "seed": args.seed, "reproduce": cmd,
     }
     save_head(head, out, manifest)
     log(f"saved {out} ({sum(f.stat().st_size for f in out.iterdir()) / 1e6:.2f} MB) in {manifest['total_minutes']} min")
@@ -459,6 +469,8 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--init", default=None, help="continue training this head directory (same method and target)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--layer-init", type=int, default=None,
+                    help="eagle/eagle3: start the head's decoder layer from this target layer (default: random)")
     return run(ap.parse_args(argv))
 
 

@@ -45,6 +45,7 @@ CANDIDATES = ((0, 1, 28, 29), (0, 1, 2, 29), (0, 10, 20, 29), (0, 14, 28, 29), (
 TOP_K = 32                 # target log-probabilities kept per position
 PROMPT_WEIGHT = 0.1        # share of prompt positions that get a loss (every response position does)
 VAL_EVERY = 6   # one source in VAL_EVERY (by hash) is validation
+VAL_DURING = 32  # validation sequences measured during training (early stopping); the final figures use all
 COMMAND = "python -m speclab.train.smollm2_draft"
 
 
@@ -170,8 +171,10 @@ def train(draft, data: list, val: list, *, steps: int, budget_minutes: float, to
 
     The teacher data is small (a 2-core machine generates a few thousand tokens in ten minutes), so
     the run passes over it many times: every `eval_every` steps the validation loss is measured and
-    the draft ends with the weights of its best validation (early stopping).
+    the draft ends with the weights of its best validation (early stopping), measured on the first
+    VAL_DURING validation sequences (all of them would cost as much as the steps between).
     """
+    val = val[:VAL_DURING]
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     rng = random.Random(seed)
@@ -223,7 +226,8 @@ def train(draft, data: list, val: list, *, steps: int, budget_minutes: float, to
     draft.eval()
     log(f"kept the weights of step {best['step']}: {best}")
     return {"steps": step, "positions_seen": positions, "seconds": round(time.perf_counter() - t0, 1),
-            "val_history": history, "kept_step": best["step"], "eval_every": eval_every}
+            "val_history": history, "kept_step": best["step"], "eval_every": eval_every,
+            "val_sequences_during_training": len(val)}
 
 
 def save_shipped(draft, out: Path, manifest: dict) -> None:

@@ -65,14 +65,15 @@ def _order(records: list[dict], salt: str) -> list[dict]:
 
 def build_teacher_data(n_greedy: int | None = None, n_sample: int = 128, max_tokens: int = 256,
                        max_num_seqs: int = 32, budget_minutes: float | None = None,
-                       out: str | Path | None = None, verbose: bool = True, resume: bool = False) -> Path:
+                       out: str | Path | None = None, verbose: bool = True, resume: bool = False,
+                       sample_every: int = SAMPLE_EVERY) -> Path:
     """Generate the teacher data and write teacher.pt, then MANIFEST.json, into `out` (default teacher_dir()).
 
     Args:
         n_greedy: conversations answered greedily (default: all training conversations), in a fixed
             hash order, so a smaller count is a prefix of a larger one.
         n_sample: conversations answered once more at temperature 1 (seed = their index; every
-            SAMPLE_EVERY-th one, interleaved with the greedy answers).
+            `sample_every`-th one, interleaved with the greedy answers).
         max_tokens: new tokens per answer at most.
         max_num_seqs: the engine's batch.
         budget_minutes: stop starting new chunks of CHUNK conversations after this much time (at
@@ -92,7 +93,7 @@ def build_teacher_data(n_greedy: int | None = None, n_sample: int = 128, max_tok
     jobs = []                # greedy and T=1 interleaved, so a time budget keeps both kinds
     for i, r in enumerate(records[:n_greedy]):
         jobs.append((r, 0.0, None))
-        if i % SAMPLE_EVERY == 0 and i // SAMPLE_EVERY < n_sample:
+        if i % sample_every == 0 and i // sample_every < n_sample:
             jobs.append((r, 1.0, i))
     llm = LLM(model="smollm2", max_num_seqs=max_num_seqs, kv_cache_gb=2.0, dtype=torch.float32)
     tok = llm.tokenizer
@@ -134,7 +135,8 @@ def build_teacher_data(n_greedy: int | None = None, n_sample: int = 128, max_tok
             "command": command,
             "commands": earlier["commands"] + [command],
             "machine": {"platform": platform.platform(), "processor": _cpu_name(), "cpus": os.cpu_count(),
-                        "torch_threads": torch.get_num_threads(), "note": "shared with other jobs (contended)"},
+                        "torch_threads": torch.get_num_threads(),
+                        "load_average_1min_at_save": round(os.getloadavg()[0], 2)},
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "format": {"teacher.pt": "dict: token_ids list[list[int]] (prompt + response), prompt_lens list[int], "
                                      "ids list[str], temperature list[float]"},
@@ -192,8 +194,12 @@ def main(argv=None) -> None:
     p.add_argument("--budget-minutes", type=float, default=None)
     p.add_argument("--out", default=None)
     p.add_argument("--resume", action="store_true", help="keep an earlier run's answers, generate the rest")
+    p.add_argument("--sample-every", type=int, default=SAMPLE_EVERY,
+                   help="a T=1 answer for every N-th conversation (1: every one; seeds are the conversation's index, "
+                        "so --resume with a smaller N adds answers and keeps the earlier ones)")
     a = p.parse_args(argv)
-    build_teacher_data(a.n_greedy, a.n_sample, a.max_tokens, a.max_num_seqs, a.budget_minutes, a.out, resume=a.resume)
+    build_teacher_data(a.n_greedy, a.n_sample, a.max_tokens, a.max_num_seqs, a.budget_minutes, a.out, resume=a.resume,
+                       sample_every=a.sample_every)
 
 
 if __name__ == "__main__":
