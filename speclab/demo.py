@@ -108,7 +108,8 @@ DRAFT_HINT = ("train it with `python -m speclab.train.smollm2_draft` (distilled 
               f"then LLM(speculative_config={{'method': 'draft_model', 'model': '{DRAFT_NAME}'}}) finds it")
 EAGLE_HEAD = "eagle-smollm2"   # lesson 08's EAGLE head for SmolLM2, shipped in speclab/checkpoints/heads/
 REAL_NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-REAL_DRAFT_K = 4
+REAL_DRAFT_K = 2   # the model drafters' k: on this CPU a 5-token verify costs ~1.6 decode steps and their
+                   # later positions are rarely accepted, so k = 2 beat k = 4 for both (bench heads, 2026-11-29)
 
 
 def local_model(name: str) -> tuple[str | None, str]:

@@ -338,8 +338,8 @@ def run(budget_minutes: float = 35.0, steps: int = 400, tokens_per_step: int = 5
                      "total_seconds_with_earlier_topk": round(total - topk_seconds + topk_all_seconds, 1),
                      "torch_threads": torch.get_num_threads(),
                      "machine": _machine()},
-        "reproduce": ["python -m speclab.train.teacher --budget-minutes 8  (or any run: answers come in a fixed order)",
-                      " ".join([COMMAND, *sys.argv[1:]]) if sys.argv[1:] else COMMAND],
+        "reproduce": [f"{c}  (the teacher set's runs, in order)" for c in tman.get("commands", [tman["command"]])]
+                     + [" ".join([COMMAND, *sys.argv[1:]]) if sys.argv[1:] else COMMAND],
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     save_shipped(draft, out, manifest)
@@ -353,7 +353,7 @@ def run(budget_minutes: float = 35.0, steps: int = 400, tokens_per_step: int = 5
 def _machine() -> dict:
     from speclab.train.teacher import _cpu_name
     return {"processor": _cpu_name(), "cpus": os.cpu_count(),
-            "note": "2-core machine shared with other jobs (contended)"}
+            "load_average_1min_at_the_end": round(os.getloadavg()[0], 2)}
 
 
 def main(argv=None) -> None:

@@ -25,7 +25,7 @@ import torch
 
 MAX_TOKENS = 48          # short answers: the 2-core machine is shared, and acceptance settles early
 NUM_PROMPTS = 6          # of each held-out set's 12 (the first ones, as committed)
-K = 4
+K = 2  # drafts per step: the best k for this draft on this CPU (`python -m speclab.bench heads --k 2` vs 4)
 
 
 def cost_ratio(target, draft, rounds: int = 3) -> dict:
