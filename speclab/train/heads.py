@@ -372,8 +372,11 @@ def run(args) -> dict:
     data = load_data(args.target, target, stored, args)
     log(f"data: {data['about']}; {time.time() - t0:.0f}s")
     torch.manual_seed(args.seed)
-    cfg = new_config(args.method, target, name=args.target, num_heads=args.medusa_heads if args.method == "medusa" else 0,
-                     draft_vocab_size=args.draft_vocab or None)
+    layers = tuple(map(int, args.hidden_layers.split(","))) if args.hidden_layers else None
+    if layers and not set(layers) <= set(stored):
+        raise ValueError(f"--hidden-layers {args.hidden_layers}: the cached hidden states hold layers {stored}")
+    cfg = new_config(args.method, target, name=args.target, hidden_layers=layers,
+                     num_heads=args.medusa_heads if args.method == "medusa" else 0, draft_vocab_size=args.draft_vocab or None)
     head = build_head(cfg, target)
     earlier = None
     if args.init:  # continue an earlier run of the same method and target
@@ -429,7 +432,8 @@ def run(args) -> dict:
            f"--minutes 1000 --batch-size {args.batch_size} --seq-len {args.seq_len} --lr {args.lr} --seed {args.seed}"
            + (f" --draft-vocab {args.draft_vocab}" if args.draft_vocab else "") + (f" --ttt {ttt}" if ttt != 1 else "")
            + (f" --medusa-heads {args.medusa_heads}" if args.method == "medusa" else "")
-           + f" --windows {args.windows}" + (f" --layer-init {args.layer_init}" if args.layer_init is not None else ""))
+           + f" --windows {args.windows}" + (f" --hidden-layers {args.hidden_layers}" if args.hidden_layers else "")
+           + (f" --layer-init {args.layer_init}" if args.layer_init is not None else ""))
     if earlier:  # a continued run: its reproduction is the earlier command, then this one with --init
         cmd = f"{earlier['reproduce']} && {cmd.replace(f'--steps {step} ', f'--steps {step} --init {args.init} ')}"
     manifest = {
@@ -469,6 +473,8 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--init", default=None, help="continue training this head directory (same method and target)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--hidden-layers", default=None,
+                    help="target layers the head reads, e.g. 8 or 2,4,8 (default: the method's; the fusion ablation)")
     ap.add_argument("--layer-init", type=int, default=None,
                     help="eagle/eagle3: start the head's decoder layer from this target layer (default: random)")
     return run(ap.parse_args(argv))
