@@ -8,7 +8,7 @@ The target's hidden states are collected once, with speclab's own paged forward 
 that serves them at inference), and cached under $SPECLAB_CACHE/heads/, so every family reuses them:
 the embedded target's on windows of the corpus' train split (held-out modules for evaluation), the
 real model's on its own responses to training prompts (smollm2-teacher-v1, written by
-`speclab.models.smollm2`'s teacher run; its held-out split is a slice of those conversations).
+`speclab.train.teacher`; held out by source, as the SmolLM2 draft's distillation splits them).
 
 Losses, at position t with input (x_{t+1}, f_t) and the target's next feature f_{t+1} and
 distribution p_{t+1} (of x_{t+2}, through its own final norm and LM head):

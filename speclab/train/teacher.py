@@ -15,9 +15,10 @@ held-out sets): every conversation greedily, then T=1 samples of some of them (s
         "temperature": list[float]      0.0 or 1.0
     cache_root() / "smollm2-teacher-v1" / MANIFEST.json    written last: its presence means complete
 
-Reproduce (about 10 minutes on 2 CPU cores):
+Reproduce the committed set (768 answers: every conversation greedily and once at T=1; about 10
+minutes on 2 quiet CPU cores at batch 32):
 
-    python -m speclab.train.teacher            # --n-greedy, --n-sample, --budget-minutes
+    python -m speclab.train.teacher --sample-every 1 --n-sample 384   # also --n-greedy, --budget-minutes, --resume
 """
 
 from __future__ import annotations
