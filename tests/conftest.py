@@ -68,3 +68,11 @@ def impl(request, impl_name):
     if name is None:
         raise RuntimeError(f"{request.module.__name__} uses the impl fixture but sets no EXERCISE = 'exNN_topic'")
     return importlib.import_module(f"{impl_name}.{name}")
+
+
+@pytest.fixture
+def controls(impl_name):
+    """For the negative controls of exercise tests: they grade the grader, so they skip when the
+    exercises (a learner's answers) are graded."""
+    if impl_name == "exercises":
+        pytest.skip("negative control: it grades the grader with deliberately wrong answers, not yours")

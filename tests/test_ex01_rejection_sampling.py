@@ -10,18 +10,12 @@ import pytest
 import torch
 
 import mutants
-from helpers import random_rows
+from helpers import fail_on, random_rows
 from speclab import stats
 from speclab.verify import verify_greedy_step, verify_step
 
 EXERCISE = "ex01_rejection_sampling"
 pytestmark = pytest.mark.exercise
-
-
-@pytest.fixture
-def controls(impl_name):
-    if impl_name == "exercises":
-        pytest.skip("negative control: it grades the grader with deliberately wrong verifiers, not your answer")
 
 
 def batch(seed, N, k, V, spread=1.5):
@@ -106,11 +100,6 @@ def check_target_distribution(verify_batch, N=12_000, k=3, V=6, seed=1):
     return (f"the tokens you emit are not distributed as the target (all positions: chi2 p={total:.1e}); "
             f"worst at {'the bonus position' if worst == k else f'draft position {worst}'}: {hint}.\n"
             + "\n".join(lines))
-
-
-def fail_on(message):
-    if message:
-        pytest.fail(message, pytrace=False)
 
 
 def test_acceptance_probability(impl):

@@ -14,12 +14,6 @@ EXERCISE = "ex02_speculative_loop"
 pytestmark = pytest.mark.exercise
 
 
-@pytest.fixture
-def controls(impl_name):
-    if impl_name == "exercises":
-        pytest.skip("negative control: it grades the grader with deliberately wrong steps, not your answer")
-
-
 def test_expected_tokens_per_position(impl):
     cases = [([], 1.0), ([0.5], 1.5), ([0.5, 0.5], 1.75), ([0.9, 0.5, 1.0], 1 + 0.9 + 0.45 + 0.45), ([0.0, 1.0], 1.0)]
     for alphas, want in cases:

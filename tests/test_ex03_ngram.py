@@ -12,12 +12,6 @@ EXERCISE = "ex03_ngram"
 pytestmark = pytest.mark.exercise
 
 
-@pytest.fixture
-def controls(impl_name):
-    if impl_name == "exercises":
-        pytest.skip("negative control: it grades the grader with deliberately wrong proposers, not your answer")
-
-
 def check_stream(update_index, propose_indexed, seed, steps=60):
     """Grow one request's context in random chunks, index incrementally, compare with vLLM's rule."""
     rng = random.Random(seed)

@@ -13,25 +13,15 @@ from speclab import stats
 from speclab.metrics import SpecDecodingStats
 from speclab.toy import MarkovLM
 from speclab.verify import verify_step
+from tests.helpers import fail_on
 
 EXERCISE = "ex04_acceptance_metrics"
 pytestmark = pytest.mark.exercise
 
 
-@pytest.fixture
-def controls(impl_name):
-    if impl_name == "exercises":
-        pytest.skip("negative control: it grades the grader with deliberately wrong answers, not yours")
-
-
 def new_counters(k: int) -> dict:
     return {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
             "num_accepted_tokens_per_pos": [0] * k, "num_draft_tokens_per_pos": [0] * k, "num_positions_tested": 0}
-
-
-def fail_on(message):
-    if message:
-        pytest.fail(message, pytrace=False)
 
 
 # ---------------------------------------------------------------------------------------------

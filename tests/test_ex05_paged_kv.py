@@ -13,20 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from speclab.kv_cache import KVCacheManager
+from tests.helpers import fail_on
 
 EXERCISE = "ex05_paged_kv"
 pytestmark = pytest.mark.exercise
-
-
-@pytest.fixture
-def controls(impl_name):
-    if impl_name == "exercises":
-        pytest.skip("negative control: it grades the grader with deliberately wrong answers, not yours")
-
-
-def fail_on(message):
-    if message:
-        pytest.fail(message, pytrace=False)
 
 
 def random_tables(rng, block_size, lengths, num_blocks=64):

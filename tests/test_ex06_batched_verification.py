@@ -6,20 +6,10 @@ import pytest
 import torch
 
 from speclab.verify import rejection_sample
+from tests.helpers import fail_on
 
 EXERCISE = "ex06_batched_verification"
 pytestmark = pytest.mark.exercise
-
-
-@pytest.fixture
-def controls(impl_name):
-    if impl_name == "exercises":
-        pytest.skip("negative control: it grades the grader with deliberately wrong answers, not yours")
-
-
-def fail_on(message):
-    if message:
-        pytest.fail(message, pytrace=False)
 
 
 # The worked example in vLLM's gpu_model_runner comments: 5 requests, two of them prefill chunks.

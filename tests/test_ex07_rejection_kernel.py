@@ -16,16 +16,11 @@ import triton.language as tl
 
 from speclab.kernels.rejection_sample import launch_end_tokens, launch_greedy, prepare_batch
 from speclab.verify import rejection_sample
+from tests.helpers import fail_on
 
 EXERCISE = "ex07_rejection_kernel"
 
 pytestmark = pytest.mark.exercise
-
-
-@pytest.fixture
-def controls(impl_name):
-    if impl_name == "exercises":
-        pytest.skip("negative control: it grades the grader with deliberately wrong kernels, not yours")
 
 
 def ragged_batch(seed, B, max_k, V, *, one_hot=False, placeholder_frac=0.0):
@@ -85,11 +80,6 @@ def check(kernel, batch, greedy=False, **extra):
                 f"Want n = {n_want} accepted and row {want[r].tolist()}; you stored n = {int(b.num_accepted[r])}, "
                 f"row {b.out[r].tolist()}. (Accept iff x >= 0, q > 0 and p/q >= u, stop at the first rejection.)")
     return "outputs differ"
-
-
-def fail_on(message):
-    if message:
-        pytest.fail(message, pytrace=False)
 
 
 def boundary_batches():

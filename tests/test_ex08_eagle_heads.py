@@ -19,12 +19,6 @@ pytestmark = pytest.mark.exercise
 V = 29
 
 
-@pytest.fixture
-def controls(impl_name):
-    if impl_name == "exercises":
-        pytest.skip("negative control: it grades the grader with deliberately wrong answers, not yours")
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("ex08")

@@ -10,20 +10,10 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from speclab.engine.spec_policy import BatchSizeSchedule
 from speclab.metrics import SpecDecodingStats
 from speclab.serve.metrics import SpecDecodeCollector
+from tests.helpers import fail_on
 
 EXERCISE = "ex09_serving_metrics"
 pytestmark = pytest.mark.exercise
-
-
-@pytest.fixture
-def controls(impl_name):
-    if impl_name == "exercises":
-        pytest.skip("negative control: it grades the grader with deliberately wrong answers, not yours")
-
-
-def fail_on(message):
-    if message:
-        pytest.fail(message, pytrace=False)
 
 
 def scrape(stats: SpecDecodingStats) -> str:
