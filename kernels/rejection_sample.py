@@ -34,16 +34,15 @@ if __name__ == "__main__" and not torch.cuda.is_available():
 import triton
 import triton.language as tl
 
-from speclab.verify import (PLACEHOLDER_TOKEN_ID, _check_batch, _check_or_draw_noise,
-                            _check_or_draw_uniforms)
-from speclab.verify import rejection_sample as rejection_sample_torch
+from speclab.verify.layout import PLACEHOLDER_TOKEN_ID, check_batch, check_or_draw_noise, check_or_draw_uniforms
+from speclab.verify.rejection import rejection_sample as rejection_sample_torch
 
 DEFAULT_BLOCK_V = 2048  # vocabulary tile: 2048 float32 = 8 KiB per row per load
 
 # ----------------------------------------------------------------------------------------------
 # The torch reference, and what it costs in memory traffic
 #
-# `rejection_sample_torch` (speclab/verify.py) is the specification. It is vectorised but pays
+# `rejection_sample_torch` (speclab/verify/rejection.py) is the specification. It is vectorised but pays
 # for it in memory: it gathers whole (B, V) rows for argmax (greedy), builds the residual
 # max(p - q, 0) as a (B, V) temporary, divides by the (B, V) noise into another temporary and
 # reduces it, so each row of p, q and noise is read two to four times and (B, V) intermediates are
@@ -229,12 +228,12 @@ def prepare_batch(draft_token_ids, num_draft_tokens, target_probs, draft_probs=N
                   greedy=False, uniforms=None, noise=None, generator=None) -> Batch:
     """speclab.verify's checks and random draws (same order, so the same generator gives the
     same numbers), then the buffers the kernels write."""
-    draft_token_ids, k, target_probs, draft_probs, is_greedy = _check_batch(
+    draft_token_ids, k, target_probs, draft_probs, is_greedy = check_batch(
         draft_token_ids, num_draft_tokens, target_probs, draft_probs, greedy)
     B, V, T = k.numel(), target_probs.shape[1], draft_token_ids.numel()
     device = target_probs.device
-    uniforms = _check_or_draw_uniforms(uniforms, T, generator, device)
-    noise = _check_or_draw_noise(noise, B, V, generator, device)
+    uniforms = check_or_draw_uniforms(uniforms, T, generator, device)
+    noise = check_or_draw_noise(noise, B, V, generator, device)
     _race_dtype(target_probs, draft_probs, noise)  # fail early on dtypes the kernels do not take
     _check_device(target_probs)
     max_k = int(k.max()) if B else 0
@@ -304,6 +303,9 @@ def rejection_sample(draft_token_ids, num_draft_tokens, target_probs, draft_prob
     return rejection_sample_blocked(draft_token_ids, num_draft_tokens, target_probs, draft_probs,
                                     greedy=greedy, uniforms=uniforms, noise=noise, generator=generator)
 
+
+# rejection_sample_method -> the kernel implementing it (speclab.verify.backend picks from here)
+RULES = {"standard": rejection_sample}
 
 _TL_FLOAT = {torch.float32: tl.float32, torch.float64: tl.float64}
 

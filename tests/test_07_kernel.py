@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from speclab.backend import get_rejection_sampler
+from speclab.verify.backend import get_rejection_sampler
 from speclab.kernels import rejection_sample as kernel
 from speclab.stats import chi2_gof, min_detectable_tv, tv_distance
-from speclab.verify import rejection_sample as reference
+from speclab.verify.rejection import rejection_sample as reference  # the standard rule's torch reference
 
 BLOCK_V = 32
 

@@ -1,6 +1,6 @@
-"""Verification: which drafted tokens the target keeps, and which token it adds.
+"""The standard rule (vLLM's `rejection_sample_method: "standard"`): token-wise rejection sampling.
 
-Follows Leviathan, Kalman & Matias, "Fast Inference from Transformers via Speculative
+Which drafted tokens the target keeps, and which token it adds. Follows Leviathan, Kalman & Matias, "Fast Inference from Transformers via Speculative
 Decoding" (ICML 2023, Algorithm 1) and Chen et al. (DeepMind, 2023), in the p = target,
 q = draft notation. Two versions of the same rule live here:
 
@@ -17,9 +17,8 @@ Greedy verification accepts while x_i == argmax p_i and then emits argmax p.
 
 import torch
 
-from speclab.sampling import check_probs
-
-PLACEHOLDER_TOKEN_ID = -1
+from speclab.verify.layout import (PLACEHOLDER_TOKEN_ID, check_batch, check_or_draw_noise,
+                                    check_or_draw_uniforms, draw_uniforms)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -107,13 +106,13 @@ def rejection_sample(draft_token_ids, num_draft_tokens, target_probs, draft_prob
     Returns:
         (B, max_k + 1) int64: accepted drafts, then the recovered or bonus token, then -1.
     """
-    draft_token_ids, k, target_probs, draft_probs, is_greedy = _check_batch(
+    draft_token_ids, k, target_probs, draft_probs, is_greedy = check_batch(
         draft_token_ids, num_draft_tokens, target_probs, draft_probs, greedy)
     B, V = k.numel(), target_probs.shape[1]
     T = draft_token_ids.numel()
     device = target_probs.device
-    uniforms = _check_or_draw_uniforms(uniforms, T, generator, device)
-    noise = _check_or_draw_noise(noise, B, V, generator, device)
+    uniforms = check_or_draw_uniforms(uniforms, T, generator, device)
+    noise = check_or_draw_noise(noise, B, V, generator, device)
 
     max_k = int(k.max()) if B else 0
     cu = torch.cumsum(k, 0) - k  # (B,) first draft row of each request
@@ -170,83 +169,3 @@ def _final_tokens(p_end, draft_probs, q_row, drafts, n, k, is_greedy, noise):
         r = torch.where(rejected[:, None] & ~empty, residual, p_end)
     raced = (r / noise).argmax(-1)  # (B,) exponential race
     return torch.where(is_greedy, p_end.argmax(-1), raced)
-
-
-# ----------------------------------------------------------------------------------------------
-# Randomness and input checks
-
-
-def draw_uniforms(n: int, generator, device) -> torch.Tensor:
-    """(n,) float64 uniforms in (0, 1): float32 rand can return exactly 0, which would accept p = 0."""
-    u = torch.rand(n, dtype=torch.float64, generator=generator, device=device)
-    return u.clamp(min=torch.finfo(torch.float64).tiny)
-
-
-def draw_noise(B: int, V: int, generator, device) -> torch.Tensor:
-    """(B, V) float32 Exp(1) noise, strictly positive."""
-    e = torch.empty(B, V, dtype=torch.float32, device=device).exponential_(generator=generator)
-    return e.clamp(min=torch.finfo(torch.float32).tiny)
-
-
-def _check_or_draw_uniforms(uniforms, T, generator, device):
-    if uniforms is None:
-        return draw_uniforms(T, generator, device)
-    uniforms = torch.as_tensor(uniforms, device=device)
-    if uniforms.shape != (T,):
-        raise ValueError(f"uniforms must have shape (T,) = ({T},), one per draft token; got {tuple(uniforms.shape)}")
-    if uniforms.dtype != torch.float64:
-        raise ValueError(f"uniforms must be float64 (float32 rand can hit 0 exactly), got {uniforms.dtype}")
-    if T and not bool(((uniforms > 0) & (uniforms < 1)).all()):
-        raise ValueError("uniforms must lie strictly inside (0, 1)")
-    return uniforms
-
-
-def _check_or_draw_noise(noise, B, V, generator, device):
-    if noise is None:
-        return draw_noise(B, V, generator, device)
-    noise = torch.as_tensor(noise, device=device)
-    if noise.shape != (B, V):
-        raise ValueError(f"noise must have shape (B, V) = ({B}, {V}), one Exp(1) row per request; "
-                         f"got {tuple(noise.shape)}")
-    if not bool((noise > 0).all()):
-        raise ValueError("noise must be strictly positive (Exp(1) samples)")
-    return noise
-
-
-def _check_batch(draft_token_ids, num_draft_tokens, target_probs, draft_probs, greedy):
-    """Validate shapes, dtypes and distributions; return tensors ready for `rejection_sample`."""
-    k = torch.as_tensor(num_draft_tokens, dtype=torch.int64).reshape(-1)
-    if bool((k < 0).any()):
-        raise ValueError(f"num_draft_tokens must be >= 0, got {k.tolist()}")
-    device = target_probs.device if torch.is_tensor(target_probs) else None
-    k = k.to(device)
-    B, T = k.numel(), int(k.sum())
-    draft_token_ids = torch.as_tensor(draft_token_ids, dtype=torch.int64, device=device).reshape(-1)
-    if draft_token_ids.numel() != T:
-        raise ValueError(f"draft_token_ids has {draft_token_ids.numel()} tokens but num_draft_tokens "
-                         f"sums to {T}: pass every request's drafts concatenated")
-    if not torch.is_tensor(target_probs) or target_probs.dim() != 2 or target_probs.shape[0] != T + B:
-        shape = tuple(target_probs.shape) if torch.is_tensor(target_probs) else type(target_probs).__name__
-        raise ValueError(f"target_probs must be (T + B, V) = ({T + B}, V): k_r verification rows "
-                         f"and one bonus row per request; got {shape}")
-    V = target_probs.shape[1]
-    check_probs(target_probs, "target_probs")
-    if draft_probs is not None:
-        if not torch.is_tensor(draft_probs) or draft_probs.dim() != 2 or draft_probs.shape[0] != T:
-            raise ValueError(f"draft_probs must be (T, V) = ({T}, {V}) or None for one-hot drafts; "
-                             f"got {tuple(draft_probs.shape) if torch.is_tensor(draft_probs) else draft_probs}")
-        if draft_probs.shape[1] != V:
-            raise ValueError(f"draft vocab size {draft_probs.shape[1]} != target vocab size {V}: "
-                             f"the draft must share the target's tokenizer and vocabulary")
-        check_probs(draft_probs[draft_token_ids >= 0], "draft_probs")  # a placeholder's row is never read
-        draft_probs = draft_probs.to(target_probs.dtype)  # one dtype: the race must not depend on the batch
-    if T and bool((draft_token_ids >= V).any() | (draft_token_ids < PLACEHOLDER_TOKEN_ID).any()):
-        bad = draft_token_ids[(draft_token_ids >= V) | (draft_token_ids < -1)][0].item()
-        raise ValueError(f"draft token id {bad} is outside the vocabulary [0, {V}) "
-                         f"(use {PLACEHOLDER_TOKEN_ID} for 'no draft')")
-    is_greedy = torch.as_tensor(greedy, dtype=torch.bool, device=device)
-    if is_greedy.dim() == 0:
-        is_greedy = is_greedy.expand(B)
-    if is_greedy.shape != (B,):
-        raise ValueError(f"greedy must be a bool or a (B,) = ({B},) bool tensor, got shape {tuple(is_greedy.shape)}")
-    return draft_token_ids, k, target_probs, draft_probs, is_greedy
