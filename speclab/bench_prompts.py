@@ -11,7 +11,7 @@ from pathlib import Path
 from speclab.chat import chat_prompt_ids
 from speclab.data.chat_prompts import load_chat_prompts
 from speclab.data.prompts import load_prompts
-from speclab.models.hub import REAL, _resolve
+from speclab.models.hub import REAL, resolve
 
 REAL_SETS = ("edit", "codegen", "qa", "chat")
 
@@ -32,7 +32,7 @@ def find_draft(name) -> Path | None:
     """The local checkpoint directory of draft `name`, or None when there is none here (the
     benchmarks never download one: a hub id counts as absent)."""
     try:
-        where, local = _resolve(name, "draft")
+        where, local = resolve(name, "draft")
     except (FileNotFoundError, ValueError):
         return None
     return Path(where) if local and (Path(where) / "config.json").is_file() else None

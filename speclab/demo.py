@@ -115,10 +115,10 @@ REAL_DRAFT_K = 2   # the model drafters' k: on this CPU a 5-token verify costs ~
 def local_model(name: str) -> tuple[str | None, str]:
     """(directory, "") when `name` resolves to a model on this machine without the network, else
     (None, why not). Never downloads: a name that would be looked up on the hub counts as absent."""
-    from speclab.models.hub import _resolve
+    from speclab.models.hub import resolve
 
     try:
-        where, local = _resolve(name, "target")
+        where, local = resolve(name, "target")
     except (OSError, ValueError, ImportError) as err:   # FileNotFoundError is an OSError
         return None, str(err)
     if not local:

@@ -16,12 +16,15 @@ from tqdm import tqdm
 
 from speclab.engine.config import EngineConfig
 from speclab.engine.llm_engine import LLMEngine, default_num_kv_blocks
+from speclab.engine.proposer import ProposerContext
 from speclab.metrics import prometheus_text
-from speclab.models.llama import LlamaForCausalLM, load_llama
-from speclab.proposers.draft_model import DraftModelProposer
-from speclab.proposers.ngram import NgramProposer
+from speclab.models.hub import model_directory
+from speclab.models.llama import load_llama
+from speclab.proposers import METHODS
 from speclab.sampling_params import SamplingParams
-from speclab.spec_config import HEAD_METHODS, SpeculativeConfig
+from speclab.spec_config import SpeculativeConfig
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "model_directory", "resolve_dtype"]
 
 
 @dataclass
@@ -39,18 +42,6 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = True
-
-
-def model_directory(model) -> Path:
-    """A local checkpoint directory for `model`: None = the embedded target, a name of the embedded
-    pair, a directory, or a hub id (fetched only because the user named it)."""
-    from speclab.models.hub import _resolve
-
-    where, local = _resolve(model, "target")
-    if local:
-        return Path(where)
-    from huggingface_hub import snapshot_download
-    return Path(snapshot_download(where, allow_patterns=["*.json", "*.safetensors", "tokenizer*"]))
 
 
 DTYPE_NAMES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
@@ -116,7 +107,8 @@ class LLM:
             raise ValueError(f"kv_cache_gb must be a positive number, got {kv_cache_gb!r}")
         config = EngineConfig(num_kv_blocks=1 if num_kv_blocks is None else num_kv_blocks, block_size=block_size,
                               max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, seed=seed,
-                              verifier=verifier, num_speculative_tokens=k)  # checked before any model is loaded
+                              verifier=verifier, num_speculative_tokens=k,  # checked before any model is loaded
+                              rejection_sample_method=spec.rejection_sample_method if spec else "standard")
         path = model_directory(model)
         dtype = resolve_dtype(dtype, path, device)
         self.model = load_llama(path, dtype=dtype, device=device)
@@ -126,53 +118,15 @@ class LLM:
             num_kv_blocks = default_num_kv_blocks(self.model, block_size, max_num_seqs, kv_cache_gb)
             config = dataclasses.replace(config, num_kv_blocks=num_kv_blocks)
         proposer = None
-        if spec is not None and spec.method == "ngram":
-            proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, k)
-        elif spec is not None and spec.method in HEAD_METHODS:
-            proposer = self._head_proposer(spec, model)
+        if spec is not None:  # the registry builds it: one line per method in speclab.proposers.METHODS
+            context = ProposerContext(self.model, model, self.tokenizer, dtype, device, block_size, num_kv_blocks,
+                                      max_num_seqs)
+            proposer = METHODS[spec.method](spec, context)
             config = dataclasses.replace(config, num_lookahead_tokens=proposer.num_lookahead_tokens)
-        elif spec is not None:
-            draft = self._load_draft(spec.model, dtype, device)
-            proposer = DraftModelProposer(
-                draft, k, block_size=block_size, sample_method=spec.draft_sample_method,
-                num_kv_blocks=DraftModelProposer.pool_blocks(num_kv_blocks, max_num_seqs, k, block_size))
         self.speculative_config = spec
         self.engine = LLMEngine(self.model, config, proposer=proposer,
                                 spec_policy=spec.make_policy() if spec is not None else None)
         self._lock = threading.Lock()
-
-    def _head_proposer(self, spec: SpeculativeConfig, model):
-        """The proposer of a head method, its head checked against this target (lesson 08)."""
-        from speclab.models.heads import DEFAULT_HEADS, load_head
-        from speclab.models.smollm2 import NAMES as SMOLLM2
-        from speclab.proposers.eagle import EagleProposer
-        from speclab.proposers.medusa import MedusaProposer
-        from speclab.proposers.mtp import MTPProposer
-
-        name = spec.model
-        if name is None:
-            shipped = DEFAULT_HEADS.get("smollm2" if model in SMOLLM2 else "target" if model in (None, "target") else "")
-            if not shipped or spec.method not in shipped:
-                raise ValueError(f"method {spec.method!r} needs a head 'model' for this target (speclab ships "
-                                 f"{DEFAULT_HEADS}): train one with python -m speclab.train.heads")
-            name = shipped[spec.method]
-        head = load_head(name, self.model, dtype=self.model.lm_head.weight.dtype, method=spec.method)
-        cls = {"eagle": EagleProposer, "eagle3": EagleProposer, "mtp": MTPProposer, "medusa": MedusaProposer}[spec.method]
-        return cls(head, spec.num_speculative_tokens, sample_method=spec.draft_sample_method)
-
-    def _load_draft(self, name, dtype, device) -> LlamaForCausalLM:
-        """The draft model, refused unless it shares the target's vocabulary and tokenizer."""
-        from transformers import AutoTokenizer
-
-        from speclab.models.hub import check_pair
-        path = model_directory(name)
-        draft = load_llama(path, dtype=dtype, device=device)
-        draft_tok = AutoTokenizer.from_pretrained(str(path)) if (path / "tokenizer.json").exists() else None
-        check_pair(self.model, draft, self.tokenizer, draft_tok)
-        if draft.config.max_position_embeddings < self.model.config.max_position_embeddings:
-            raise ValueError(f"draft max_position_embeddings={draft.config.max_position_embeddings} < target's "
-                             f"{self.model.config.max_position_embeddings}: the draft must cover the target's context")
-        return draft
 
     def get_metrics(self) -> dict:
         """vLLM's spec-decode counters (names without the `speclab:` prefix) and the derived rates."""

@@ -23,12 +23,15 @@ is refused with the replacement. `adaptive` (speclab's own key) picks k each ste
 import re
 from dataclasses import dataclass, fields
 
+from speclab.engine.proposer import SAMPLE_METHODS as DRAFT_SAMPLE_METHODS
 from speclab.engine.spec_policy import AdaptivePolicy, BatchSizeSchedule, SpecPolicy
+from speclab.models.heads import HEAD_METHODS, head_method
+from speclab.proposers import METHODS as PROPOSERS
+from speclab.proposers import NOT_BUILT
+from speclab.verify import get_rule
 
-HEAD_METHODS = ("eagle", "eagle3", "mtp", "medusa")
-METHODS = ("ngram", "draft_model") + HEAD_METHODS
-NOT_YET = ("mlp_speculator", "suffix", "ngram_gpu", "dflash")
-DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+METHODS = tuple(PROPOSERS)  # the registry's names (speclab.proposers.METHODS)
+NOT_YET = ("mlp_speculator", "ngram_gpu", "dflash")  # vLLM methods speclab does not build
 
 
 @dataclass
@@ -45,6 +48,8 @@ class SpeculativeConfig:
         num_speculative_tokens_per_batch_size: vLLM's dynamic k: {"start-end": k} or [[start, end, k], ...],
             inclusive ranges, 0 = off; normalized to a sorted list of (start, end, k).
         adaptive: speclab's adaptive k (0..num_speculative_tokens) from live acceptance and costs.
+        rejection_sample_method: the verification rule, vLLM's key: "standard" (the default) or another
+            name in speclab.verify.RULES.
     """
 
     method: str | None = None
@@ -55,6 +60,7 @@ class SpeculativeConfig:
     draft_sample_method: str = "greedy"
     num_speculative_tokens_per_batch_size: dict | list | None = None
     adaptive: bool = False
+    rejection_sample_method: str = "standard"
 
     @classmethod
     def from_dict(cls, d: dict) -> "SpeculativeConfig":
@@ -80,12 +86,13 @@ class SpeculativeConfig:
             if self.model in ("ngram", "[ngram]"):
                 self.method, self.model = "ngram", None
             elif self.model is not None:
-                self.method = _head_method(self.model) or "draft_model"
+                self.method = head_method(self.model) or "draft_model"
             else:
                 raise ValueError("speculative_config needs 'method' (one of ngram, draft_model) or a draft 'model'")
-        if self.method in NOT_YET:
+        if self.method in NOT_YET or self.method in NOT_BUILT:
+            PROPOSERS[self.method](self, None) if self.method in NOT_BUILT else None  # its own message
             raise NotImplementedError(f"speculative method {self.method!r} is not implemented in speclab yet: "
-                                      f"use one of {METHODS}")
+                                      f"use one of {[m for m in METHODS if m not in NOT_BUILT]}")
         if self.method not in METHODS:
             raise NotImplementedError(f"Unsupported speculative method: {self.method!r} (choose one of {METHODS})")
         if self.num_speculative_tokens is None:
@@ -93,6 +100,7 @@ class SpeculativeConfig:
         if isinstance(self.num_speculative_tokens, bool) or not isinstance(self.num_speculative_tokens, int) \
                 or self.num_speculative_tokens <= 0:
             raise ValueError(f"Expected num_speculative_tokens to be greater than zero ({self.num_speculative_tokens})")
+        get_rule(self.rejection_sample_method)  # a clear error for an unknown or unbuilt rule
         if self.draft_sample_method not in DRAFT_SAMPLE_METHODS:
             raise ValueError(f"draft_sample_method must be one of {DRAFT_SAMPLE_METHODS}, got {self.draft_sample_method!r}")
         self._validate_dynamic()
@@ -136,12 +144,6 @@ class SpeculativeConfig:
         if self.num_speculative_tokens_per_batch_size is not None:
             return BatchSizeSchedule(self.num_speculative_tokens, self.num_speculative_tokens_per_batch_size)
         return None
-
-
-def _head_method(model) -> str | None:
-    """The method of a head directory or shipped head name (vLLM infers it from the draft's config)."""
-    from speclab.models.heads import head_method
-    return head_method(model)
 
 
 def parse_batch_size_table(table, k_max: int) -> list[tuple[int, int, int]]:

@@ -109,8 +109,8 @@ def test_incremental_head_cache_drafts_what_a_fresh_run_drafts(tiny, method, sch
     checked = []
     inner = prop.propose
 
-    def propose(requests, max_drafts):
-        out = inner(requests, max_drafts)
+    def propose(requests, max_drafts, forward=None):  # the step's hidden states come with the call
+        out = inner(requests, max_drafts, forward=forward)
         for r, k, p in zip(requests, max_drafts, out):
             if k > 0:
                 assert p.token_ids == reference_drafts(head, tiny, r.all_token_ids, k), \

@@ -62,10 +62,10 @@ def test_converted_directory_is_a_plain_hf_llama_with_a_manifest(smol_dir):
 
 
 @needs_wheel
-def test_the_name_smollm2_resolves_to_the_converted_directory(smol_dir):
-    from speclab.models.hub import _resolve, load_tokenizer
-    assert _resolve("smollm2", "target") == (str(smol_dir), True)
-    assert _resolve("SmolLM2-135M-Instruct", "target") == (str(smol_dir), True)
+def test_the_name_smollm2resolves_to_the_converted_directory(smol_dir):
+    from speclab.models.hub import resolve, load_tokenizer
+    assert resolve("smollm2", "target") == (str(smol_dir), True)
+    assert resolve("SmolLM2-135M-Instruct", "target") == (str(smol_dir), True)
     assert load_tokenizer("smollm2").vocab_size == 49152
 
 

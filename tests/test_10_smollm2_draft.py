@@ -233,7 +233,7 @@ def test_the_name_resolves_and_loads_in_transformers_and_speclab_with_equal_logi
 
     from speclab.engine.batch import flatten
     from speclab.kv_cache import KVCacheManager
-    from speclab.llm import model_directory
+    from speclab.models.hub import model_directory
     from speclab.models.llama import load_llama
 
     assert model_directory("smollm2-draft") == draft_path

@@ -6,6 +6,10 @@
 The checks that involve two knobs live here, not scattered through the engine: a step's token
 budget must hold one token of every running request (`max_num_batched_tokens >= max_num_seqs`)
 and one whole speculative step (`>= 1 + num_speculative_tokens`), and a block must hold a token.
+
+k has one owner, the speculative config (`speculative_config["num_speculative_tokens"]`): `LLM`
+copies it here and into the proposer it builds, and `LLMEngine` refuses a config and a proposer that
+disagree, naming both.
 """
 
 import numbers
@@ -31,7 +35,10 @@ class EngineConfig:
         max_num_seqs: requests running at once.
         seed: the random stream of requests that have no seed of their own.
         verifier: "torch", "triton" or "auto"; None reads SPECLAB_VERIFIER (see speclab.backend).
-        num_speculative_tokens: k, drafts per request and step (0: no speculation; set from the proposer).
+        num_speculative_tokens: k, the most drafts per request and step (0: no speculation), derived
+            from the speculative config; must equal the proposer's.
+        rejection_sample_method: the verification rule (a name in speclab.verify.RULES), from the
+            speculative config's key of the same name.
         num_lookahead_tokens: extra slots a decoding request reserves each step for a drafter that
             writes into the target's block tables after the target forward (EAGLE/MTP heads, lesson 08).
     """
@@ -44,6 +51,7 @@ class EngineConfig:
     verifier: str | None = None
     num_speculative_tokens: int = 0
     num_lookahead_tokens: int = 0
+    rejection_sample_method: str = "standard"
 
     def __post_init__(self):
         self.validate()

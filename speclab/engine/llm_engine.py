@@ -45,10 +45,8 @@ class LLMEngine:
             config = EngineConfig(**knobs)
         elif knobs:
             raise TypeError(f"pass either an EngineConfig or its fields, not both ({sorted(knobs)})")
+        check_proposer(config, proposer)
         need = proposer.num_lookahead_tokens if proposer else 0
-        if config.num_lookahead_tokens < need:
-            raise ValueError(f"the proposer writes {need} lookahead slots per step but num_lookahead_tokens="
-                             f"{config.num_lookahead_tokens}: set num_lookahead_tokens >= {need}")
         self.model = model
         self.config = config
         self.proposer = proposer
@@ -59,10 +57,10 @@ class LLMEngine:
                                    config.num_lookahead_tokens, model.config.eos_token_id,
                                    config.num_speculative_tokens)
         self.runner = ModelRunner(model, self.kv, torch.Generator().manual_seed(config.seed), config.verifier,
-                                  proposer)
+                                  proposer, config.rejection_sample_method)
         if need:
             proposer.attach_kv(self.kv)  # its cache lives in the target's block tables
-        if proposer is not None and getattr(proposer, "generator", False) is None:
+        if proposer is not None and proposer.generator is None:
             proposer.generator = self.runner.generator  # one stream: no accidental correlation between two
         self._ids = itertools.count()
         self.trace: list[tuple[str, list[int], list[int]]] | None = None  # set to [] to record steps
@@ -139,16 +137,16 @@ class LLMEngine:
         step = self.scheduler.update_from_output(output, result.sampled, result.errors)
         self.runner.remove_requests([r.request_id for r in step.finished])
         if self.spec_policy is None:
-            self.scheduler.update_draft_token_ids(self.runner.propose(step.decoding))
+            self.scheduler.update_draft_token_ids(self.runner.propose(step.decoding, forward=result.forward))
         else:
-            self._propose_with_policy(output, step.decoding, t_target)
+            self._propose_with_policy(output, step.decoding, t_target, result.forward)
         return step.finished
 
-    def _propose_with_policy(self, output: SchedulerOutput, decoding, t_target: float) -> None:
+    def _propose_with_policy(self, output: SchedulerOutput, decoding, t_target: float, forward) -> None:
         """Draft the k the policy picks for this batch size, and report the step's costs to it."""
         k = self.spec_policy.choose(len(decoding)) if decoding else 0
         t0 = time.perf_counter()
-        drafts = self.runner.propose(decoding, k)
+        drafts = self.runner.propose(decoding, k, forward)
         t_draft = time.perf_counter() - t0
         self.scheduler.update_draft_token_ids(drafts)
         scheduled = output.scheduled
@@ -191,6 +189,20 @@ class LLMEngine:
             self.abort([r.request_id for r in requests])
             raise
         return requests
+
+
+def check_proposer(config: EngineConfig, proposer: Proposer | None) -> None:
+    """ValueError unless the config and the proposer agree on k and the proposer's lookahead fits."""
+    k = proposer.num_speculative_tokens if proposer else 0
+    if config.num_speculative_tokens != k:
+        have = f"the proposer drafts num_speculative_tokens={k}" if proposer else "there is no proposer"
+        raise ValueError(f"EngineConfig.num_speculative_tokens={config.num_speculative_tokens} but {have}: both come "
+                         f"from speculative_config['num_speculative_tokens']; build the EngineConfig with "
+                         f"num_speculative_tokens={k}, or pass its fields to LLMEngine as keywords")
+    need = proposer.num_lookahead_tokens if proposer else 0
+    if config.num_lookahead_tokens < need:
+        raise ValueError(f"the proposer writes {need} lookahead slots per step but num_lookahead_tokens="
+                         f"{config.num_lookahead_tokens}: set num_lookahead_tokens >= {need}")
 
 
 def default_num_kv_blocks(model: LlamaForCausalLM, block_size: int, max_num_seqs: int, kv_cache_gb: float) -> int:

@@ -8,7 +8,8 @@ One step, for whatever mix of prefill chunks and decodes the scheduler chose:
   4. process them into probabilities (temperature, top-k, top-p per request);
   5. call `rejection_sample` for the whole batch. A request with no drafts is just a k = 0 row:
      plain sampling is the bonus token of an empty draft.
-After the scheduler has committed the step, `propose` asks the proposer for the next drafts.
+After the scheduler has committed the step, `propose` asks the proposer for the next drafts, and
+hands a head this step's hidden states (`ModelRunnerOutput.forward`) in the same step.
 
 Randomness. Greedy requests draw nothing. Requests without a seed use Leviathan's rule with the
 engine's stream. A seeded request is sampled position by position first, each token by an
@@ -25,7 +26,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speclab.backend import get_rejection_sampler
 from speclab.engine.batch import flatten
 from speclab.engine.proposer import Proposer, TargetForward
 from speclab.engine.scheduler import ScheduledRequest, SchedulerOutput
@@ -33,15 +33,17 @@ from speclab.kv_cache import KVCacheManager
 from speclab.models.llama import LlamaForCausalLM
 from speclab.sampling import keyed_sample, logits_to_probs
 from speclab.verify import PLACEHOLDER_TOKEN_ID, draw_noise, draw_uniforms, verify_greedy_step
+from speclab.verify.backend import get_rejection_sampler
 
 
 @dataclass
 class ModelRunnerOutput:
     """sampled: per request that sampled, its accepted drafts then one token; errors: per request
-    whose step could not be completed, why."""
+    whose step could not be completed, why; forward: the hidden states a head reads (None without one)."""
 
     sampled: dict[str, list[int]] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    forward: TargetForward | None = None
 
 
 class ModelRunner:
@@ -53,16 +55,18 @@ class ModelRunner:
         generator: the stream for requests without a seed.
         verifier: "torch", "triton" or "auto" (Triton on a GPU); None reads SPECLAB_VERIFIER.
         proposer: drafts tokens for decoding requests (None: plain decoding).
+        rejection_sample_method: the verification rule (speclab.verify.RULES).
     """
 
     def __init__(self, model: LlamaForCausalLM, kv: KVCacheManager, generator: torch.Generator,
-                 verifier: str | None = None, proposer: Proposer | None = None):
+                 verifier: str | None = None, proposer: Proposer | None = None,
+                 rejection_sample_method: str = "standard"):
         self.model = model
         self.kv = kv
         self.generator = generator
         self.device = model.lm_head.weight.device
         self.kv_caches = model.allocate_kv_cache(kv.pool.num_blocks, kv.block_size)
-        self.verifier = get_rejection_sampler(verifier)
+        self.verifier = get_rejection_sampler(verifier, rejection_sample_method)
         self.proposer = proposer
 
     def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
@@ -74,10 +78,10 @@ class ModelRunner:
                                   self.device)
         layers = self.proposer.hidden_layers if self.proposer else ()
         hidden, saved = self.model(input_ids, meta, self.kv_caches, layers)  # (N, D)
-        if layers:  # a head drafts from this forward's hidden states (lesson 08)
-            self.proposer.observe(TargetForward([s.request.request_id for s in scheduled], [s.start for s in scheduled],
-                                                meta.query_start_loc, torch.cat(saved, -1)))
         result = ModelRunnerOutput()
+        if layers:  # a head drafts from this forward's hidden states after the commit (lesson 08)
+            result.forward = TargetForward([s.request for s in scheduled], [s.start for s in scheduled],
+                                           meta.query_start_loc, torch.cat(saved, -1))
         sampling, rows = [], []
         for i, s in enumerate(scheduled):  # the last 1 + k rows of each sampling request
             if s.samples:
@@ -156,14 +160,17 @@ class ModelRunner:
     # ------------------------------------------------------------------------------------------
     # drafting
 
-    def propose(self, requests, k: int | None = None) -> dict[str, tuple[list[int], torch.Tensor | None]]:
+    def propose(self, requests, k: int | None = None,
+                forward: TargetForward | None = None) -> dict[str, tuple[list[int], torch.Tensor | None]]:
         """Drafts for the next step of requests that sampled this step and are still running; at most
-        k each (None: the proposer's k; a speculation policy may ask for fewer, 0 included)."""
-        if not self.proposer or not requests:
+        k each (None: the proposer's k; a speculation policy may ask for fewer, 0 included). `forward`,
+        this step's hidden states, reaches a head even when no request sampled (a prefill chunk)."""
+        if not self.proposer or (not requests and forward is None):
             return {}
         k = self.proposer.num_speculative_tokens if k is None else min(k, self.proposer.num_speculative_tokens)
         limits = [max(0, min(k, r.params.max_tokens - len(r.output_token_ids) - 1)) for r in requests]
-        proposals = self.proposer.propose(requests, limits)
+        proposals = (self.proposer.propose(requests, limits) if forward is None
+                     else self.proposer.propose(requests, limits, forward=forward))
         return {r.request_id: (p.token_ids[:n], None if p.draft_probs is None else p.draft_probs[:n])
                 for r, p, n in zip(requests, proposals, limits)}
 

@@ -10,16 +10,27 @@ when the runner calls `remove` for a preempted, finished or aborted request.
 
 A head on the target's hidden states (EAGLE, MTP, Medusa; lesson 08) declares two things more:
 `hidden_layers`, the target layers whose outputs it reads (the runner asks the target forward for
-them and hands them over through `observe`, right after the forward), and `num_lookahead_tokens`,
-the slots per decoding request it writes into the *target's* block tables after the forward (the
-engine reserves them, and gives it the target's block bookkeeping through `attach_kv`).
+them and hands them to `propose` in the same step, as vLLM's `propose(target_hidden_states, ...)`),
+and `num_lookahead_tokens`, the slots per decoding request it writes into the *target's* block
+tables after the forward (the engine reserves them, and gives it the target's block bookkeeping
+through `attach_kv`).
+
+Randomness, said in code: a proposer that samples its drafts draws them with `draft_tokens`, which
+uses the engine's own stream (`generator`, handed over by the engine) for unseeded requests, and for
+a seeded request the noise keyed by (seed, output position) that the runner samples the target with
+(Gumbel coupling): a second stream seeded alike would correlate drafts with the verifier's uniforms.
 """
+
+from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 
 from speclab.engine.request import Request
+from speclab.sampling import keyed_sample, logits_to_probs
+
+SAMPLE_METHODS = ("greedy", "probabilistic")  # draft_sample_method: argmax drafts, or drafts sampled from q
 
 
 @dataclass
@@ -32,37 +43,73 @@ class Proposal:
 
 @dataclass
 class TargetForward:
-    """What one target forward computed, for a proposer that reads hidden states.
+    """What one target forward computed, handed to a proposer that reads hidden states.
 
     Attributes:
-        request_ids: the scheduled requests, in batch order.
+        requests: the scheduled requests, in batch order (already updated by the scheduler's commit:
+            `num_computed_tokens` tells how many of a request's rows were committed).
         starts: position of each request's first new token.
         query_start_loc: (B + 1,) request b's rows are [query_start_loc[b], query_start_loc[b+1]).
         hidden: (N, n * D) the outputs of the proposer's `hidden_layers`, concatenated per row.
     """
 
-    request_ids: list[str]
+    requests: list[Request]
     starts: list[int]
     query_start_loc: list[int]
     hidden: torch.Tensor
+
+    def committed_rows(self, b: int) -> torch.Tensor:
+        """(n, n * D) request b's rows whose tokens the scheduler kept (rejected drafts' rows dropped)."""
+        q, r = self.query_start_loc, self.requests[b]
+        n = max(0, min(r.num_computed_tokens - self.starts[b], q[b + 1] - q[b]))
+        return self.hidden[q[b]:q[b] + n]
+
+
+@dataclass
+class ProposerContext:
+    """What the front end (`LLM`) hands a proposer's constructor besides the speculative config.
+
+    Attributes:
+        target: the target model (speclab's Llama forward).
+        target_name: the name or directory the user gave for the target (None: the embedded target).
+        tokenizer: the target's tokenizer.
+        dtype, device: the target's.
+        block_size, num_kv_blocks, max_num_seqs: the target's paged cache and batch limits.
+    """
+
+    target: torch.nn.Module
+    target_name: object
+    tokenizer: object
+    dtype: torch.dtype
+    device: str
+    block_size: int
+    num_kv_blocks: int
+    max_num_seqs: int
 
 
 class Proposer:
     """Base class: override `propose`; `remove` is a no-op for stateless proposers.
 
     Attributes:
-        num_speculative_tokens: k, the most drafts per request and step.
-        hidden_layers: target layers whose outputs `observe` receives (0 = embeddings, i = after
-            layer i; the last layer's is taken before the final norm); () = none, no `observe`.
+        num_speculative_tokens: k, the most drafts per request and step (the speculative config's).
+        hidden_layers: target layers whose outputs `propose` receives in `forward` (0 = embeddings,
+            i = after layer i; the last layer's is taken before the final norm); () = none.
         num_lookahead_tokens: slots per decoding request written into the target's block tables.
+        generator: the stream for unseeded sampled drafts; None until the engine hands over its own.
     """
 
     num_speculative_tokens: int = 0
     hidden_layers: tuple[int, ...] = ()
     num_lookahead_tokens: int = 0
+    generator: torch.Generator | None = None
 
-    def propose(self, requests: list[Request], max_drafts: list[int]) -> list[Proposal]:
-        """Draft up to max_drafts[i] (<= k) tokens for each request, given its committed tokens."""
+    def propose(self, requests: list[Request], max_drafts: list[int],
+                forward: TargetForward | None = None) -> list[Proposal]:
+        """Draft up to max_drafts[i] (<= k) tokens for each request, given its committed tokens.
+
+        `forward` is this step's target forward when `hidden_layers` is set (None otherwise): its
+        requests include those that did not sample (a prefill chunk), whose rows a head still reads.
+        """
         raise NotImplementedError
 
     def remove(self, request_ids: list[str]) -> None:
@@ -72,6 +119,41 @@ class Proposer:
         """Called once by the engine when num_lookahead_tokens > 0: the target's KVCacheManager,
         whose block tables address the proposer's own cache tensors too."""
 
-    def observe(self, forward: TargetForward) -> None:
-        """Called by the runner right after each target forward (only when hidden_layers is set),
-        before verification: rows of rejected drafts are among them; `propose` knows which to keep."""
+
+def check_k(num_speculative_tokens, most: int | None = None) -> None:
+    """ValueError unless k is an integer in 1..most (a proposer's constructor calls it)."""
+    k = num_speculative_tokens
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1 or (most is not None and k > most):
+        upto = f"1..{most}" if most is not None else "an integer > 0"
+        raise ValueError(f"num_speculative_tokens must be {upto}, got {k!r}")
+
+
+def check_sample_method(sample_method: str) -> None:
+    if sample_method not in SAMPLE_METHODS:
+        raise ValueError(f"sample_method must be one of {SAMPLE_METHODS}, got {sample_method!r}")
+
+
+def draft_tokens(requests: list[Request], logits: torch.Tensor, positions: list[int], sample_method: str,
+                 generator: torch.Generator | None) -> tuple[list[int], list[torch.Tensor | None]]:
+    """One draft per row of `logits` (B, V) and its q row (None for "greedy").
+
+    "greedy": the argmax (q is then treated as one-hot by the verifier, as vLLM does).
+    "probabilistic": q is processed as the target's probabilities are (the request's temperature,
+    top-k, top-p); a greedy request still drafts its argmax; a seeded request samples with the noise
+    keyed by (seed, positions[i]), the key of the target's own sample there (Gumbel coupling); any
+    other request samples from `generator`, the engine's stream.
+    """
+    if sample_method == "greedy":
+        return logits.argmax(-1).tolist(), [None] * len(requests)
+    tokens, qs = [], []
+    for r, row, pos in zip(requests, logits, positions):
+        p = r.params
+        q = logits_to_probs(row, p.temperature, p.top_k, p.top_p)  # (V,)
+        if p.greedy:
+            tokens.append(int(row.argmax()))
+        elif p.seed is not None:
+            tokens.append(int(keyed_sample(q[None], p.seed, [pos])[0]))
+        else:
+            tokens.append(int(torch.multinomial(q, 1, generator=generator)))
+        qs.append(q)
+    return tokens, qs

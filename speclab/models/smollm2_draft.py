@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-NAMES = ("smollm2-draft",)            # what `hub._resolve` maps to draft_dir()
+NAMES = ("smollm2-draft",)            # what `hub.resolve` maps to draft_dir()
 SHIPPED = Path(__file__).resolve().parent.parent / "checkpoints" / "smollm2-draft"
 WEIGHTS = "layers.safetensors"
 CACHE_PREFIX = "smollm2-draft"

@@ -1,1 +1,33 @@
-"""Proposers: what drafts the tokens the target verifies (n-gram lookup, a draft model)."""
+"""The proposers, one per file, registered under vLLM's speculative `method` names.
+
+    METHODS[method](speculative_config, context) -> a Proposer (speclab.engine.proposer)
+
+`LLM` builds its proposer through this dict and nothing else; `context` (a ProposerContext) is what
+the target side provides (the target model, its tokenizer, dtype, device and cache sizes). Adding a
+proposer is one file with a `from_config`, one line here, and its keys in
+`speclab.spec_config.SpeculativeConfig` (CONTRIBUTING.md walks through it).
+"""
+
+from speclab.proposers import draft_model, eagle, medusa, mtp, ngram
+
+
+NOT_BUILT = {"suffix": "lesson 10"}  # registered names whose proposer is still to come, and where
+
+
+def _not_built(method: str):
+    def build(spec, context):
+        raise NotImplementedError(f"speculative method {method!r} is not implemented in speclab yet (it arrives "
+                                  f"with {NOT_BUILT[method]}): use one of "
+                                  f"{sorted(m for m in METHODS if m not in NOT_BUILT)}")
+    return build
+
+
+METHODS = {
+    "ngram": ngram.from_config,              # lesson 03: prompt lookup
+    "draft_model": draft_model.from_config,  # lesson 04: a smaller LM with the target's tokenizer
+    "eagle": eagle.from_config,              # lesson 08: a head on the target's last hidden state
+    "eagle3": eagle.from_config,             # lesson 08: a head on fused low / middle / top states
+    "mtp": mtp.from_config,                  # lesson 08: DeepSeek-V3's MTP module, the EAGLE path
+    "medusa": medusa.from_config,            # lesson 08: parallel heads, no recurrence
+    "suffix": _not_built("suffix"),
+}

@@ -24,13 +24,14 @@ import math
 import torch
 
 from speclab.engine.batch import flatten
-from speclab.engine.proposer import Proposal, Proposer
+from speclab.engine.proposer import (SAMPLE_METHODS, Proposal, Proposer, ProposerContext, check_k,
+                                     check_sample_method, draft_tokens)
 from speclab.engine.request import Request
 from speclab.kv_cache import KVCacheManager, NoFreeBlocksError
-from speclab.models.llama import LlamaForCausalLM
-from speclab.sampling import keyed_sample, logits_to_probs
+from speclab.models.hub import check_pair, model_directory
+from speclab.models.llama import LlamaForCausalLM, load_llama
 
-SAMPLE_METHODS = ("greedy", "probabilistic")
+__all__ = ["SAMPLE_METHODS", "DraftModelProposer", "from_config", "load_draft"]
 
 
 class DraftModelProposer(Proposer):
@@ -46,10 +47,8 @@ class DraftModelProposer(Proposer):
 
     def __init__(self, model: LlamaForCausalLM, num_speculative_tokens: int, *, num_kv_blocks: int,
                  block_size: int, sample_method: str = "greedy", generator: torch.Generator | None = None):
-        if sample_method not in SAMPLE_METHODS:
-            raise ValueError(f"sample_method must be one of {SAMPLE_METHODS}, got {sample_method!r}")
-        if not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
-            raise ValueError(f"num_speculative_tokens must be an integer > 0, got {num_speculative_tokens!r}")
+        check_sample_method(sample_method)
+        check_k(num_speculative_tokens)
         self.model = model
         self.num_speculative_tokens = num_speculative_tokens
         self.kv = KVCacheManager(num_kv_blocks, block_size)
@@ -59,7 +58,7 @@ class DraftModelProposer(Proposer):
         self.device = model.lm_head.weight.device
         self.computed: dict[str, int] = {}  # request id -> tokens whose KV the draft holds
 
-    def propose(self, requests: list[Request], max_drafts: list[int]) -> list[Proposal]:
+    def propose(self, requests: list[Request], max_drafts: list[int], forward=None) -> list[Proposal]:
         active = [(r, k) for r, k in zip(requests, max_drafts) if k > 0]
         drafts = {r.request_id: [] for r, _ in active}
         probs = {r.request_id: [] for r, _ in active}
@@ -108,17 +107,10 @@ class DraftModelProposer(Proposer):
         return self.model.compute_logits(hidden.index_select(0, last))
 
     def _draft_one(self, r: Request, logits: torch.Tensor, position: int) -> tuple[int, torch.Tensor | None]:
-        """The draft token for output position `position` from one row of logits, processed as the
-        target's are (same temperature, top-k, top-p), and its q row when sampling probabilistically."""
-        p = r.params
-        keep_q = self.sample_method == "probabilistic"
-        if not keep_q or p.greedy:
-            q = logits_to_probs(logits, p.temperature, p.top_k, p.top_p) if keep_q else None
-            return int(logits.argmax()), q
-        q = logits_to_probs(logits, p.temperature, p.top_k, p.top_p)  # (V,)
-        if p.seed is not None:  # the same key as the target's sample at this position: Gumbel coupling
-            return int(keyed_sample(q[None], p.seed, [position])[0]), q
-        return int(torch.multinomial(q, 1, generator=self.generator)), q
+        """The draft token for output position `position` from one row of logits, and its q row when
+        sampling probabilistically (the protocol's `draft_tokens`: the engine's stream, keyed noise)."""
+        tokens, qs = draft_tokens([r], logits[None], [position], self.sample_method, self.generator)
+        return tokens[0], qs[0]
 
     def remove(self, request_ids: list[str]) -> None:
         for rid in request_ids:
@@ -129,3 +121,26 @@ class DraftModelProposer(Proposer):
     def pool_blocks(target_blocks: int, max_num_seqs: int, k: int, block_size: int) -> int:
         """A draft pool as large as the target's plus k lookahead slots per running request."""
         return target_blocks + max_num_seqs * math.ceil((k + 1) / block_size)
+
+
+def load_draft(name, context: ProposerContext) -> LlamaForCausalLM:
+    """The draft model, refused unless it shares the target's vocabulary and tokenizer and covers its context."""
+    from transformers import AutoTokenizer
+
+    path = model_directory(name)
+    draft = load_llama(path, dtype=context.dtype, device=context.device)
+    draft_tok = AutoTokenizer.from_pretrained(str(path)) if (path / "tokenizer.json").exists() else None
+    check_pair(context.target, draft, context.tokenizer, draft_tok)
+    if draft.config.max_position_embeddings < context.target.config.max_position_embeddings:
+        raise ValueError(f"draft max_position_embeddings={draft.config.max_position_embeddings} < target's "
+                         f"{context.target.config.max_position_embeddings}: the draft must cover the target's context")
+    return draft
+
+
+def from_config(spec, context: ProposerContext) -> DraftModelProposer:
+    """`method: "draft_model"` (the registry's constructor): the draft, with a pool as large as the target's."""
+    k = spec.num_speculative_tokens
+    return DraftModelProposer(
+        load_draft(spec.model, context), k, block_size=context.block_size, sample_method=spec.draft_sample_method,
+        num_kv_blocks=DraftModelProposer.pool_blocks(context.num_kv_blocks, context.max_num_seqs, k,
+                                                     context.block_size))

@@ -1,15 +1,15 @@
-"""EAGLE proposer: a head drafts from the target's hidden states, right after the target forward.
+"""EAGLE proposer: a head drafts from the target's hidden states, in the step that produced them.
 
-vLLM's `vllm/v1/spec_decode/eagle.py` flow (lesson 08). Each step the runner hands over, through
-`observe`, the hidden states of every token the target just ran (prefill chunks, decodes, drafts
-being verified). After the scheduler has committed the step, `propose` drafts for each request
-that sampled, with committed tokens x_0 .. x_{L-1) of which the target has computed L - 1:
+vLLM's `vllm/v1/spec_decode/eagle.py` flow (lesson 08). After the scheduler has committed a step,
+the runner hands `propose` that step's target forward: the hidden states of every token the target
+just ran (prefill chunks, decodes, drafts being verified). For every scheduled request still running,
+with committed tokens x_0 .. x_{L-1} of which the target has now computed L - 1:
 
-  1. first pass: one head forward over the positions t the head has not seen yet whose hidden
-     state the target committed (the rows of rejected drafts are dropped), with input
-     (x_{t+1}, f_t): the shifted tokens, the newest x_{L-1} included (vLLM's
-     `input_ids[:-1] = target_token_ids[1:]; input_ids[last] = next_token_ids`). Its last row
-     (t = L - 2) gives g and q for x_L: draft d_1;
+  1. first pass: one head forward over this forward's committed rows t (the rows of rejected drafts
+     are dropped), with input (x_{t+1}, f_t): the shifted tokens, the newest x_{L-1} included
+     (vLLM's `input_ids[:-1] = target_token_ids[1:]; input_ids[last] = next_token_ids`). A prefill
+     chunk that did not sample still runs it, so the head's KV keeps up with the target's; for a
+     request that sampled, its last row (t = L - 2) gives g and q for x_L: draft d_1;
   2. chain: k - 1 single-token steps at positions L - 1, L, ... with input (d_i, g), the head's own
      output feature fed back.
 
@@ -17,7 +17,8 @@ The head's KV lives in the *target's* block tables: its layer has its own cache 
 by the same slot mapping. The chain writes positions up to L + k - 3, beyond the target's committed
 tokens, into the `num_lookahead_tokens` = k slots the scheduler reserves (vLLM's lookahead);
 after a rejection the head's stale entries sit where the target's do and are rewritten, from the
-target's true features, by the next first pass before anything reads them. Preemption frees both.
+target's true features, by the next first pass before anything reads them. Preemption frees both,
+and the head keeps no state of its own between steps.
 
 Drafts are the argmax of q ("greedy", q treated as one-hot by the verifier, as vLLM does) or sampled
 from q ("probabilistic", q kept: the rejection rule then needs it). Output stays exact either way.
@@ -28,31 +29,13 @@ from __future__ import annotations
 import torch
 
 from speclab.engine.batch import flatten
-from speclab.engine.proposer import Proposal, Proposer, TargetForward
+from speclab.engine.proposer import (SAMPLE_METHODS, Proposal, Proposer, ProposerContext, TargetForward,
+                                     check_k, check_sample_method, draft_tokens)
 from speclab.engine.request import Request
-from speclab.sampling import keyed_sample, logits_to_probs
+from speclab.models.heads import DEFAULT_HEADS, load_head
+from speclab.models.smollm2 import NAMES as SMOLLM2
 
-SAMPLE_METHODS = ("greedy", "probabilistic")
-
-
-def draft_tokens(requests, logits: torch.Tensor, positions: list[int], sample_method: str,
-                 generator: torch.Generator | None) -> tuple[list[int], list[torch.Tensor | None]]:
-    """One draft per row of `logits` (B, V): argmax, or sampled from q processed as the target's
-    probabilities are (temperature, top-k, top-p), keyed by output position for seeded requests."""
-    if sample_method == "greedy":
-        return logits.argmax(-1).tolist(), [None] * len(requests)
-    tokens, qs = [], []
-    for r, row, pos in zip(requests, logits, positions):
-        p = r.params
-        q = logits_to_probs(row, p.temperature, p.top_k, p.top_p)  # (V,)
-        if p.greedy:
-            tokens.append(int(row.argmax()))
-        elif p.seed is not None:  # the key the target's own sample uses at this position (Gumbel coupling)
-            tokens.append(int(keyed_sample(q[None], p.seed, [pos])[0]))
-        else:
-            tokens.append(int(torch.multinomial(q, 1, generator=generator)))
-        qs.append(q)
-    return tokens, qs
+__all__ = ["SAMPLE_METHODS", "EagleProposer", "from_config", "load_head_for", "draft_tokens"]
 
 
 class EagleProposer(Proposer):
@@ -65,11 +48,8 @@ class EagleProposer(Proposer):
 
     def __init__(self, head, num_speculative_tokens: int, sample_method: str = "greedy",
                  generator: torch.Generator | None = None):
-        if sample_method not in SAMPLE_METHODS:
-            raise ValueError(f"sample_method must be one of {SAMPLE_METHODS}, got {sample_method!r}")
-        if isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int) \
-                or num_speculative_tokens < 1:
-            raise ValueError(f"num_speculative_tokens must be an integer > 0, got {num_speculative_tokens!r}")
+        check_sample_method(sample_method)
+        check_k(num_speculative_tokens)
         self.head = head
         self.num_speculative_tokens = num_speculative_tokens
         self.num_lookahead_tokens = num_speculative_tokens  # vLLM: k slots for the chain
@@ -78,69 +58,80 @@ class EagleProposer(Proposer):
         self.generator = generator
         self.kv = None
         self.cache = None
-        self.pending: dict[str, tuple[int, torch.Tensor]] = {}  # request id -> (first position, target rows)
 
     def attach_kv(self, kv) -> None:
         self.kv = kv
         self.cache = self.head.allocate_kv_cache(kv.pool.num_blocks, kv.block_size)
 
-    def observe(self, forward: TargetForward) -> None:
-        """Queue each request's new rows after the ones the head has not consumed yet."""
-        q = forward.query_start_loc
-        for b, (rid, start) in enumerate(zip(forward.request_ids, forward.starts)):
-            rows = forward.hidden[q[b]:q[b + 1]]
-            p0, old = self.pending.get(rid, (start, rows[:0]))
-            if p0 <= start <= p0 + len(old):  # contiguous (rows at >= start were rejected drafts: replaced)
-                rows = torch.cat([old[:start - p0], rows])
-            else:  # a gap (never in this engine): the head's KV there is stale; drafts get worse, output stays exact
-                p0 = start
-            self.pending[rid] = (p0, rows)
-
-    def remove(self, request_ids: list[str]) -> None:
-        for rid in request_ids:
-            self.pending.pop(rid, None)
-
     @torch.inference_mode()
-    def propose(self, requests: list[Request], max_drafts: list[int]) -> list[Proposal]:
+    def propose(self, requests: list[Request], max_drafts: list[int],
+                forward: TargetForward | None = None) -> list[Proposal]:
         if self.kv is None:
             raise RuntimeError("EagleProposer has no KV: the engine calls attach_kv (use LLMEngine or LLM)")
-        chunks, feats = [], []
-        for r in requests:  # first pass: every committed row not yet seen, for all handed requests
-            p0, rows = self.pending.pop(r.request_id, (r.num_computed_tokens, None))
-            n = r.num_computed_tokens - p0
-            if rows is not None:  # the next forward's rows start where the target's committed ones end
-                self.pending[r.request_id] = (r.num_computed_tokens, rows[:0])
-            if rows is None or n <= 0 or len(rows) < n:
-                chunks.append(None)
-                continue
-            chunks.append((r.request_id, r.all_token_ids[p0 + 1:p0 + 1 + n], p0))
-            feats.append(self.head.features(rows[:n]))
-        live = [i for i, c in enumerate(chunks) if c is not None]
-        drafts = [[] for _ in requests]
-        qs = [[] for _ in requests]
-        if not live:
+        if forward is None:
+            raise RuntimeError("EagleProposer drafts from the target's hidden states: the runner passes this "
+                               "step's forward (use LLMEngine or LLM)")
+        g = self._first_pass(forward)  # request id -> g at its last committed row
+        want = {r.request_id: k for r, k in zip(requests, max_drafts)}
+        active = [r for r in requests if want[r.request_id] > 0 and r.request_id in g]
+        drafts = {r.request_id: ([], []) for r in requests}
+        if not active:
             return [Proposal([]) for _ in requests]
-        g = self._forward([chunks[i] for i in live], torch.cat(feats))  # (len(live), d): last rows
-        active = [i for i in live if max_drafts[i] > 0]
-        g = g[[live.index(i) for i in active]]
-        for step in range(max((max_drafts[i] for i in active), default=0)):
-            reqs = [requests[i] for i in active]
-            toks, q = draft_tokens(reqs, self.head.logits(g), [len(r.output_token_ids) + step for r in reqs],
+        g_active = torch.stack([g[r.request_id] for r in active])  # (B, d)
+        for step in range(max(want[r.request_id] for r in active)):
+            toks, q = draft_tokens(active, self.head.logits(g_active), [len(r.output_token_ids) + step for r in active],
                                    self.sample_method, self.generator)
-            for i, t, qi in zip(active, toks, q):
-                drafts[i].append(t)
-                qs[i].append(qi)
-            more = [j for j, i in enumerate(active) if max_drafts[i] > step + 1]
+            for r, t, qi in zip(active, toks, q):
+                drafts[r.request_id][0].append(t)
+                drafts[r.request_id][1].append(qi)
+            more = [j for j, r in enumerate(active) if want[r.request_id] > step + 1]
             if not more:
                 break
             active = [active[j] for j in more]
-            g = self._forward([(requests[i].request_id, [toks[j]], requests[i].num_computed_tokens + step)
-                               for j, i in zip(more, active)], g[more])
-        return [Proposal(d, None if self.sample_method == "greedy" or not d else torch.stack(q))
-                for d, q in zip(drafts, qs)]
+            g_active = self._forward([(r.request_id, [toks[j]], r.num_computed_tokens + step)
+                                      for j, r in zip(more, active)], g_active[more])
+        return [self._proposal(*drafts[r.request_id]) for r in requests]
+
+    def _first_pass(self, forward: TargetForward) -> dict[str, torch.Tensor]:
+        """The head over every running request's committed rows of this forward; its last g per request."""
+        chunks, feats = [], []
+        for b, r in enumerate(forward.requests):
+            rows = forward.committed_rows(b)
+            start = forward.starts[b]
+            if r.is_finished or not len(rows) or r.num_tokens < start + 1 + len(rows):
+                continue  # finished in this step, or nothing committed
+            chunks.append((r.request_id, r.all_token_ids[start + 1:start + 1 + len(rows)], start))
+            feats.append(self.head.features(rows))
+        if not chunks:
+            return {}
+        g = self._forward(chunks, torch.cat(feats))  # (len(chunks), d): last rows
+        return {rid: row for (rid, _, _), row in zip(chunks, g)}
+
+    def _proposal(self, tokens: list[int], qs: list) -> Proposal:
+        return Proposal(tokens, None if self.sample_method == "greedy" or not tokens else torch.stack(qs))
 
     def _forward(self, chunks, feature: torch.Tensor) -> torch.Tensor:
         """One head forward over (request id, tokens, first position) chunks; each chunk's last g."""
         input_ids, meta = flatten(self.kv, chunks, self.head.fc.weight.device)
         g = self.head(input_ids, feature, meta, self.cache)
         return g[torch.tensor(meta.query_start_loc[1:]) - 1]
+
+
+def load_head_for(spec, context: ProposerContext):
+    """The head a head method drafts with: spec.model (a directory or a shipped name), or, when it is
+    None, the head speclab ships for this target; checked against the target and the method."""
+    name = spec.model
+    if name is None:
+        target = context.target_name
+        shipped = DEFAULT_HEADS.get("smollm2" if target in SMOLLM2 else "target" if target in (None, "target") else "")
+        if not shipped or spec.method not in shipped:
+            raise ValueError(f"method {spec.method!r} needs a head 'model' for this target (speclab ships "
+                             f"{DEFAULT_HEADS}): train one with python -m speclab.train.heads")
+        name = shipped[spec.method]
+    return load_head(name, context.target, dtype=context.target.lm_head.weight.dtype, method=spec.method)
+
+
+def from_config(spec, context: ProposerContext) -> EagleProposer:
+    """`method: "eagle"` / `"eagle3"` (the registry's constructor)."""
+    return EagleProposer(load_head_for(spec, context), spec.num_speculative_tokens,
+                         sample_method=spec.draft_sample_method)

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from speclab.engine.proposer import Proposal, Proposer, TargetForward
+from speclab.engine.proposer import (Proposal, Proposer, ProposerContext, TargetForward, check_k, check_sample_method,
+                                     draft_tokens)
 from speclab.engine.request import Request
-from speclab.proposers.eagle import SAMPLE_METHODS, draft_tokens
+from speclab.proposers.eagle import load_head_for
 
 
 class MedusaProposer(Proposer):
@@ -28,37 +29,30 @@ class MedusaProposer(Proposer):
 
     def __init__(self, head, num_speculative_tokens: int, sample_method: str = "greedy",
                  generator: torch.Generator | None = None):
-        if sample_method not in SAMPLE_METHODS:
-            raise ValueError(f"sample_method must be one of {SAMPLE_METHODS}, got {sample_method!r}")
-        if isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int) \
-                or not 1 <= num_speculative_tokens <= head.cfg.num_heads:
-            raise ValueError(f"num_speculative_tokens={num_speculative_tokens!r}: this Medusa head has "
-                             f"{head.cfg.num_heads} heads, one draft each; ask for 1..{head.cfg.num_heads}")
+        check_sample_method(sample_method)
+        try:
+            check_k(num_speculative_tokens, head.cfg.num_heads)
+        except ValueError as err:
+            raise ValueError(f"{err}: this Medusa head has {head.cfg.num_heads} heads, one draft each") from None
         self.head = head
         self.num_speculative_tokens = num_speculative_tokens
         self.hidden_layers = tuple(head.cfg.hidden_layers)
         self.sample_method = sample_method
         self.generator = generator
-        self.last: dict[str, tuple[int, torch.Tensor]] = {}  # request id -> (first position, rows of its last forward)
-
-    def observe(self, forward: TargetForward) -> None:
-        q = forward.query_start_loc
-        for b, (rid, start) in enumerate(zip(forward.request_ids, forward.starts)):
-            self.last[rid] = (start, forward.hidden[q[b]:q[b + 1]])
-
-    def remove(self, request_ids: list[str]) -> None:
-        for rid in request_ids:
-            self.last.pop(rid, None)
 
     @torch.inference_mode()
-    def propose(self, requests: list[Request], max_drafts: list[int]) -> list[Proposal]:
+    def propose(self, requests: list[Request], max_drafts: list[int],
+                forward: TargetForward | None = None) -> list[Proposal]:
+        if forward is None:
+            raise RuntimeError("MedusaProposer drafts from the target's hidden states: the runner passes this "
+                               "step's forward (use LLMEngine or LLM)")
+        row_of = {r.request_id: b for b, r in enumerate(forward.requests)}
         idx, rows = [], []
         for i, (r, k) in enumerate(zip(requests, max_drafts)):
-            start, h = self.last.pop(r.request_id, (0, None))
-            t = r.num_computed_tokens - 1 - start  # the row that produced the newest token
-            if k > 0 and h is not None and 0 <= t < len(h):
+            h = forward.committed_rows(row_of[r.request_id]) if r.request_id in row_of else None
+            if k > 0 and h is not None and len(h):
                 idx.append(i)
-                rows.append(h[t])
+                rows.append(h[-1])  # the row that produced the newest token
         out = [Proposal([]) for _ in requests]
         if not idx:
             return out
@@ -76,3 +70,9 @@ class MedusaProposer(Proposer):
         for i, (toks, qs) in drafts.items():
             out[i] = Proposal(toks, None if self.sample_method == "greedy" else torch.stack(qs))
         return out
+
+
+def from_config(spec, context: ProposerContext) -> MedusaProposer:
+    """`method: "medusa"` (the registry's constructor)."""
+    return MedusaProposer(load_head_for(spec, context), spec.num_speculative_tokens,
+                          sample_method=spec.draft_sample_method)

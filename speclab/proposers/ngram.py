@@ -10,8 +10,8 @@ that followed it. No match: no drafts. Costs no model call, so it pays wherever 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from speclab.engine.proposer import Proposal, Proposer, ProposerContext
 from speclab.engine.request import Request
-from speclab.engine.proposer import Proposal, Proposer
 
 
 class NgramProposer(Proposer):
@@ -50,7 +50,7 @@ class NgramProposer(Proposer):
         end = ends[np.argmax(length >= n)]  # the earliest occurrence of the longest match
         return tokens[end + 1:end + 1 + k].tolist()
 
-    def propose(self, requests: list[Request], max_drafts: list[int]) -> list[Proposal]:
+    def propose(self, requests: list[Request], max_drafts: list[int], forward=None) -> list[Proposal]:
         return [Proposal(self.propose_tokens(self._context(r), k) if k > 0 else []) for r, k in zip(requests, max_drafts)]
 
     def _context(self, r: Request) -> np.ndarray:
@@ -69,3 +69,8 @@ class NgramProposer(Proposer):
     def remove(self, request_ids: list[str]) -> None:
         for rid in request_ids:
             self._contexts.pop(rid, None)
+
+
+def from_config(spec, context: ProposerContext) -> NgramProposer:
+    """`method: "ngram"` (the registry's constructor): prompt lookup needs nothing from the target."""
+    return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, spec.num_speculative_tokens)

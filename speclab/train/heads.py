@@ -348,7 +348,7 @@ def identity_init(head) -> None:
 
 
 def run(args) -> dict:
-    from speclab.models.hub import _resolve
+    from speclab.models.hub import resolve
     from speclab.models.llama import load_llama
 
     if args.threads:
@@ -364,7 +364,7 @@ def run(args) -> dict:
             fh.write(line + "\n")
 
     t0 = time.time()
-    target = load_llama(_resolve(args.target, "target")[0])
+    target = load_llama(resolve(args.target, "target")[0])
     for p in target.parameters():
         p.requires_grad_(False)
     L = target.config.num_hidden_layers

@@ -10,73 +10,25 @@ norm and LM head. So a head directory holds only the head's own weights, HF-styl
 
 and loading one checks that it was made for the target it is given (hidden size, vocab size, layer
 count), with a message that names the mismatch. Names of the shipped heads resolve to
-speclab/checkpoints/heads/NAME (see `HEADS`).
+speclab/checkpoints/heads/NAME (`HEADS_DIR`). The config and the target check live in config.py,
+which the head files import; this package's root loads and builds them.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-HEADS_DIR = Path(__file__).resolve().parent.parent / "checkpoints" / "heads"
-HEAD_METHODS = ("eagle", "eagle3", "mtp", "medusa")
+from speclab.models.heads.config import HEAD_METHODS, HeadConfig, check_target, target_signature
+from speclab.models.heads.eagle import EagleHead
+from speclab.models.heads.medusa import MedusaHead
+from speclab.models.heads.mtp import MTPHead
+
+HEADS_DIR = Path(__file__).resolve().parents[2] / "checkpoints" / "heads"
 # method -> the shipped head for the embedded target, and for the real model
 DEFAULT_HEADS = {"target": {m: m for m in HEAD_METHODS}, "smollm2": {"eagle": "eagle-smollm2"}}
-
-
-@dataclass
-class HeadConfig:
-    """Attributes:
-        method: "eagle", "eagle3", "mtp" or "medusa".
-        target: the target it was made for: hidden_size, vocab_size, num_hidden_layers (and a name).
-        hidden_layers: target layers it reads (0 = embeddings, i = output of layer i, L = the last
-            layer before the final norm), in the order it concatenates them.
-        layer: dims of its decoder layer (LlamaConfig fields); empty for Medusa.
-        num_heads: Medusa's parallel heads (the most drafts per step).
-        draft_vocab_size: draft only over the most frequent tokens (EAGLE-3's d2t / FR-Spec); None: all.
-    """
-
-    method: str
-    target: dict
-    hidden_layers: tuple[int, ...]
-    layer: dict = field(default_factory=dict)
-    num_heads: int = 0
-    draft_vocab_size: int | None = None
-
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d["hidden_layers"] = list(self.hidden_layers)
-        return {"architectures": [f"Speclab{self.method.capitalize()}Head"], "model_type": f"speclab_{self.method}", **d}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "HeadConfig":
-        keys = {f for f in cls.__dataclass_fields__}
-        cfg = cls(**{k: v for k, v in d.items() if k in keys})
-        cfg.hidden_layers = tuple(cfg.hidden_layers)
-        return cfg
-
-
-def target_signature(target, name: str | None = None) -> dict:
-    """What a head must agree with: the target's hidden size, vocabulary and depth."""
-    c = target.config
-    sig = {"hidden_size": c.hidden_size, "vocab_size": c.vocab_size, "num_hidden_layers": c.num_hidden_layers}
-    return {**sig, "name": name} if name else sig
-
-
-def check_target(cfg: HeadConfig, target, where="the head") -> None:
-    """ValueError unless the head was made for a target of this shape (the fix: the right head)."""
-    have = target_signature(target)
-    bad = [f"{k}={cfg.target.get(k)} (target has {v})" for k, v in have.items() if cfg.target.get(k) != v]
-    if bad:
-        made = cfg.target.get("name", "another model")
-        raise ValueError(f"{where} ({cfg.method}) was made for {made}, not this target: {', '.join(bad)}; "
-                         f"a head reads one target's hidden states: train one for this target "
-                         f"(python -m speclab.train.heads) or pick the head made for it")
-    if any(not 0 <= i <= have["num_hidden_layers"] for i in cfg.hidden_layers):
-        raise ValueError(f"{where} reads layers {cfg.hidden_layers}, outside 0..{have['num_hidden_layers']}")
 
 
 def head_directory(name) -> Path:
@@ -137,14 +89,7 @@ def load_head(name, target, dtype=torch.float32, method: str | None = None):
 
 def build_head(cfg: HeadConfig, target):
     """A freshly initialised head of `cfg`'s family for `target`."""
-    if cfg.method == "medusa":
-        from speclab.models.medusa import MedusaHead
-        return MedusaHead(cfg, target)
-    if cfg.method == "mtp":
-        from speclab.models.mtp import MTPHead
-        return MTPHead(cfg, target)
-    from speclab.models.eagle import EagleHead
-    return EagleHead(cfg, target)
+    return {"medusa": MedusaHead, "mtp": MTPHead}.get(cfg.method, EagleHead)(cfg, target)
 
 
 def new_config(method: str, target, name: str | None = None, hidden_layers=None, num_heads: int = 0,
