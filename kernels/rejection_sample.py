@@ -24,7 +24,6 @@ Run `python scripts/bench_kernel.py` for the benchmark.
 
 import dataclasses
 import os
-import time
 
 import torch
 
@@ -35,6 +34,7 @@ import triton
 import triton.language as tl
 
 from speclab.verify.layout import PLACEHOLDER_TOKEN_ID, check_batch, check_or_draw_noise, check_or_draw_uniforms
+from speclab.timing import timed
 from speclab.verify.rejection import rejection_sample as rejection_sample_torch
 
 DEFAULT_BLOCK_V = 2048  # vocabulary tile: 2048 float32 = 8 KiB per row per load
@@ -406,12 +406,7 @@ def _bench_interpreter():
         times = {}
         for name, fn in (("kernel", rejection_sample), ("ref", rejection_sample_torch)):
             times[name + "_out"] = fn(drafts, ks, p, q, uniforms=u, noise=e)  # warm up
-            best = float("inf")
-            for _ in range(3):
-                t0 = time.perf_counter()
-                fn(drafts, ks, p, q, uniforms=u, noise=e)
-                best = min(best, time.perf_counter() - t0)
-            times[name] = best * 1e3  # best of 3, in ms
+            times[name] = min(timed(lambda: fn(drafts, ks, p, q, uniforms=u, noise=e))[1] for _ in range(3)) * 1e3  # best of 3, ms
         assert torch.equal(times["kernel_out"], times["ref_out"])
         print(f"{B:>4} {5:>2} {V:>6} | {times['kernel']:>14.1f} {times['ref']:>12.2f}")
 

@@ -13,12 +13,10 @@ Used by `python -m speclab.bench roofline` and lesson 00. (The KV cache read is 
 hundred tokens of context it is about 1% of the weights of SmolLM2-135M.)
 """
 
-import statistics
-import time
-
 import torch
 
 from speclab.models.llama import LlamaForCausalLM
+from speclab.timing import median_seconds
 
 
 def read_bandwidth(nbytes: int = 512 * 2**20, repeat: int = 7) -> float:
@@ -29,13 +27,7 @@ def read_bandwidth(nbytes: int = 512 * 2**20, repeat: int = 7) -> float:
         repeat: timed sums; the median is returned (the machine may be shared).
     """
     x = torch.ones(nbytes // 4, dtype=torch.float32)
-    x.sum()  # warm: pages touched, code paths loaded
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        x.sum()
-        times.append(time.perf_counter() - start)
-    return x.numel() * 4 / statistics.median(times)
+    return x.numel() * 4 / median_seconds(x.sum, repeat=repeat, warmup=1)  # warm-up: pages touched, code loaded
 
 
 def weight_bytes_per_token(model: LlamaForCausalLM) -> int:

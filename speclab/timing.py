@@ -31,6 +31,27 @@ def timed(fn):
     return out, time.perf_counter() - start
 
 
+def wrap_timed(obj, name: str, on_call) -> None:
+    """Wrap the method `obj.name` so that every call reports (seconds, args, result) to `on_call`;
+    the wrapper is an instance attribute: `del obj.<name>` (or `unwrap`) restores the method."""
+    fn = getattr(obj, name)
+
+    def timed_fn(*args, **kwargs):
+        start = time.perf_counter()
+        out = None
+        try:
+            out = fn(*args, **kwargs)
+            return out
+        finally:
+            on_call(time.perf_counter() - start, args, out)
+    setattr(obj, name, timed_fn)
+
+
+def unwrap(obj, name: str) -> None:
+    """Remove a `wrap_timed` wrapper (the class's method shows through again)."""
+    delattr(obj, name)
+
+
 def forward_seconds(model, context: int = 128, tokens: int = 1, repeat: int = 40) -> float:
     """Median time of one forward of speclab's paged-KV model at batch 1: `tokens` new tokens (1: a
     decode step; k + 1: a verification) with `context` tokens already cached, logits included."""
@@ -99,24 +120,17 @@ def time_breakdown(engine):
         parts.append((runner.proposer, "propose", "propose"))
     wrapped = []
 
-    def wrap(obj, name, part):
-        fn = getattr(obj, name)
-
-        def timed_fn(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                seconds = time.perf_counter() - start
-                times[part] += seconds
-                if name == "forward":
-                    times.forwards.append((int(args[0].numel()), seconds))
-        setattr(obj, name, timed_fn)     # an instance attribute shadows the method until deleted
-        wrapped.append((obj, name))
+    def add(part, name):
+        def on_call(seconds, args, _out):
+            times[part] += seconds
+            if name == "forward":
+                times.forwards.append((int(args[0].numel()), seconds))
+        return on_call
 
     for obj, name, part in parts:
         if hasattr(obj, name):
-            wrap(obj, name, part)
+            wrap_timed(obj, name, add(part, name))
+            wrapped.append((obj, name))
     start = time.perf_counter()
     try:
         yield times
@@ -124,4 +138,4 @@ def time_breakdown(engine):
         times["total"] = time.perf_counter() - start
         times["other"] = times["total"] - sum(times[p] for p in ("target forward", "propose", "verify"))
         for obj, name in wrapped:
-            delattr(obj, name)
+            unwrap(obj, name)

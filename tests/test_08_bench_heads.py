@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from speclab.bench import main
-from speclab.bench_heads import EMBEDDED_METHODS
+from speclab.bench.cli import main
+from speclab.bench.heads import EMBEDDED_METHODS
 
 ROW = re.compile(r"^(?P<set>\w+)\s+(?P<T>[\d.]+)\s+(?P<method>\w+)\s+(?P<toks>[\d.]+)\s+(?P<speedup>[\d.]+)x"
                  r"\s+(?P<pred>[\d.]+)x\s+(?P<pred2>[\d.]+)x\s+(?P<c>[\d.]+)\s+(?P<alpha>[\d.]+|nan)\s+(?P<tau>[\d.]+)"

@@ -47,7 +47,7 @@ def smol_dir():
 @pytest.fixture(scope="module")
 def draft_dir(smol_dir, tmp_path_factory):
     """'smollm2-draft' when it resolves to a local checkpoint, else the 2-layer stand-in."""
-    from speclab.bench_prompts import find_draft
+    from speclab.bench.prompts import find_draft
     from tests.helpers import truncated_llama
     return find_draft("smollm2-draft") or truncated_llama(smol_dir, tmp_path_factory.mktemp("draft") / "d", 2)
 

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from speclab.timing import timed
+
 MAX_TOKENS = 48          # short answers: the 2-core machine is shared, and acceptance settles early
 NUM_PROMPTS = 6          # of each held-out set's 12 (the first ones, as committed)
 K = 2  # drafts per step: the best k for this draft on this CPU (`python -m speclab.bench heads --k 2` vs 4)
@@ -70,13 +72,9 @@ def acceptance(draft_path: Path, t1: bool = False, max_tokens: int = MAX_TOKENS,
     spec.chat(warm, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
     for kind in SETS:
         convs = load_chat_prompts(kind)[:num_prompts]
-        t0 = time.perf_counter()
-        a = plain.chat(convs, greedy, use_tqdm=False)
-        t_plain = time.perf_counter() - t0
+        a, t_plain = timed(lambda: plain.chat(convs, greedy, use_tqdm=False))
         before = spec.get_metrics()
-        t0 = time.perf_counter()
-        b = spec.chat(convs, greedy, use_tqdm=False)
-        t_spec = time.perf_counter() - t0
+        b, t_spec = timed(lambda: spec.chat(convs, greedy, use_tqdm=False))
         row = _delta(spec.get_metrics(), before)
         n_tok = sum(len(o.outputs[0].token_ids) for o in a)
         same = all(x.outputs[0].token_ids == y.outputs[0].token_ids for x, y in zip(a, b))

@@ -1,11 +1,11 @@
-"""Benchmarks: ratios measured in one run, on one machine, never asserted in tests.
+"""`python -m speclab.bench WHICH`: the benchmarks' command line, and the decode / spec / roofline / ngram tables.
 
     python -m speclab.bench decode     # plain decoding: speclab vs transformers at batch 1, 8, 32
     python -m speclab.bench spec       # speculative decoding at batch 1: speclab vs transformers
     python -m speclab.bench roofline   # batch-1 decode against this machine's memory bandwidth
     python -m speclab.bench ngram      # microseconds per n-gram proposal at 1K and 8K tokens of context
     python -m speclab.bench all --target smollm2   # decode, roofline, spec on the real model
-    python -m speclab.bench heads      # every proposer side by side, heads included (lesson 08; bench_heads.py)
+    python -m speclab.bench heads      # every proposer side by side, heads included (lesson 08; heads.py)
 
 The embedded pair (default) runs on the held-out code sets of speclab/data; `--target smollm2`
 (SmolLM2-135M-Instruct, Q4_1-dequantized) runs on the held-out chat sets (edit, codegen, qa, chat)
@@ -22,8 +22,10 @@ import statistics
 import torch
 
 from speclab import roofline, stats
-from speclab.bench_prompts import REAL_SETS, find_draft, is_real, prompt_ids
-from speclab.llm import LLM, model_directory, resolve_dtype
+from speclab.bench.heads import bench_heads
+from speclab.bench.prompts import REAL_SETS, find_draft, is_real, prompt_ids
+from speclab.llm import LLM, resolve_dtype
+from speclab.models.hub import model_directory
 from speclab.models.llama import load_llama
 from speclab.sampling_params import SamplingParams
 from speclab.timing import forward_seconds, median_seconds, timed
@@ -287,10 +289,7 @@ def main(argv=None) -> None:
         if getattr(args, name) is None:
             setattr(args, name, value)
     model_directory(args.target)  # fail early on a bad path
-    if args.which == "heads":
-        from speclab.bench_heads import bench_heads
-        return bench_heads(args)
-    {"decode": bench_decode, "spec": bench_spec, "roofline": bench_roofline, "ngram": bench_ngram,
+    {"heads": bench_heads, "decode": bench_decode, "spec": bench_spec, "roofline": bench_roofline, "ngram": bench_ngram,
      "all": bench_all}[args.which](args)
 
 

@@ -1,0 +1,8 @@
+"""Benchmarks: ratios measured in one run, on one machine, never asserted in tests.
+
+One place for every benchmark (`python -m speclab.bench WHICH`, see cli.py):
+  cli.py      the command line; decode, spec (speclab vs transformers), roofline and ngram tables
+  heads.py    every proposer side by side at batch 1, heads included (lesson 08)
+  prompts.py  the held-out prompt sets and drafts the benchmarks share
+`speclab bench serve` (the serving benchmark, shaped like `vllm bench serve`) is speclab/serve/bench_serve.py.
+"""
