@@ -16,7 +16,7 @@ class SpecDecodingStats:
     """Running totals over every verification step.
 
     Attributes:
-        num_spec_tokens: the largest k that will be observed (length of the per-position list).
+        num_speculative_tokens: k, the largest draft that will be observed (length of the per-position list).
         num_drafts: verification steps that had at least one draft token.
         num_draft_tokens: drafted tokens, summed over steps.
         num_accepted_tokens: accepted drafted tokens (recovered and bonus tokens not counted).
@@ -25,7 +25,7 @@ class SpecDecodingStats:
             rejection): min(accepted + 1, drafted) per step. Not a vLLM counter; it gives alpha.
     """
 
-    num_spec_tokens: int
+    num_speculative_tokens: int
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
@@ -34,18 +34,18 @@ class SpecDecodingStats:
 
     def __post_init__(self):
         if not self.num_accepted_tokens_per_pos:
-            self.num_accepted_tokens_per_pos = [0] * self.num_spec_tokens
+            self.num_accepted_tokens_per_pos = [0] * self.num_speculative_tokens
 
     def reset(self) -> None:
         """Zero every counter (e.g. after a warm-up run)."""
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = self.num_positions_tested = 0
-        self.num_accepted_tokens_per_pos = [0] * self.num_spec_tokens
+        self.num_accepted_tokens_per_pos = [0] * self.num_speculative_tokens
 
     def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         """Record one verification: k drafted, the first `num_accepted_tokens` of them kept."""
-        if not 0 <= num_accepted_tokens <= num_draft_tokens <= self.num_spec_tokens:
+        if not 0 <= num_accepted_tokens <= num_draft_tokens <= self.num_speculative_tokens:
             raise ValueError(f"need 0 <= accepted ({num_accepted_tokens}) <= drafted ({num_draft_tokens})"
-                             f" <= num_spec_tokens ({self.num_spec_tokens})")
+                             f" <= num_speculative_tokens ({self.num_speculative_tokens})")
         if num_draft_tokens == 0:
             return
         self.num_drafts += 1

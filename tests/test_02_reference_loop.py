@@ -97,7 +97,7 @@ def test_step_emits_between_one_and_gamma_plus_one_tokens():
 
 def test_loop_stops_at_max_new_tokens_and_counts_match():
     target, draft, g = toy_pair(seed=10)
-    st = SpecDecodingStats(num_spec_tokens=5)
+    st = SpecDecodingStats(num_speculative_tokens=5)
     for n in (1, 2, 7, 13):
         assert len(speculative_generate(target, draft, [0], n, 5, generator=g, stats=st)) == n
     assert st.num_draft_tokens >= st.num_accepted_tokens == sum(st.num_accepted_tokens_per_pos)

@@ -290,7 +290,7 @@ def test_draft_proposer_under_a_budget_that_truncates_to_one_token(tiny):
         sampled_ids.update(s.request.request_id for s in output.scheduled if s.samples)
         ids = {s.request.request_id for s in output.scheduled}
         seen["skipped"] += sum(r.request_id not in ids for r in eng.scheduler.running)
-        seen["truncated"] += sum(s.samples and s.num_spec_tokens == 0 < len(s.request.spec_token_ids)
+        seen["truncated"] += sum(s.samples and s.num_draft_tokens == 0 < len(s.request.spec_token_ids)
                                  for s in output.scheduled)  # cut to its one new token, drafts dropped
         return step(output)
 
@@ -303,3 +303,19 @@ def test_draft_proposer_under_a_budget_that_truncates_to_one_token(tiny):
     assert outs == run_engine(plain, prompts, params)
     assert_idle(eng)
     assert proposer.kv.num_free_blocks == proposer.kv.pool.num_blocks
+
+
+@pytest.mark.parametrize("config_k, proposer_k", [(0, 2), (3, 2), (2, None)])
+def test_a_config_and_proposer_that_disagree_on_k_are_refused_naming_both(tiny, config_k, proposer_k):
+    """k has one owner (the speculative config): an explicit EngineConfig whose k differs from the
+    proposer's used to crash at the first verified draft; now construction refuses it."""
+    target, draft = tiny
+    proposer = DraftModelProposer(load_llama(draft), proposer_k, num_kv_blocks=64, block_size=4) if proposer_k else None
+    config = EngineConfig(num_kv_blocks=64, block_size=4, num_speculative_tokens=config_k)
+    with pytest.raises(ValueError, match=rf"EngineConfig.num_speculative_tokens={config_k} but "
+                                         rf"(the proposer drafts num_speculative_tokens={proposer_k}|there is no proposer)"):
+        LLMEngine(load_llama(target), config, proposer=proposer)
+    agree = EngineConfig(num_kv_blocks=64, block_size=4, num_speculative_tokens=proposer_k or 0)
+    eng = LLMEngine(load_llama(target), agree, proposer=proposer)  # the same k on both sides is accepted
+    out = eng.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    assert len(out[0].output_token_ids) == 6

@@ -48,7 +48,7 @@ def test_lookahead_slots_survive_verify_rollback_and_preemption(num_blocks, bloc
         sampled = {}
         for s in out.scheduled:
             if s.samples:
-                accepted = rng.randint(0, s.num_spec_tokens)
+                accepted = rng.randint(0, s.num_draft_tokens)
                 sampled[s.request.request_id] = s.request.spec_token_ids[:accepted] + [rng.randrange(V)]
         result = sched.update_from_output(out, sampled)
         check_invariants(kv, num_blocks)

@@ -51,7 +51,7 @@ def test_table_and_adaptive_are_exclusive():
 
 def test_schedule_lookup_inclusive_ranges_gaps_inherit_and_k_is_capped():
     s = BatchSizeSchedule(4, [(2, 4, 3), (8, 16, 1), (32, 64, 0)])
-    got = {b: s.num_drafts(b) for b in (1, 2, 4, 5, 7, 8, 16, 17, 31, 32, 64, 65, 1000)}
+    got = {b: s.k_for_batch_size(b) for b in (1, 2, 4, 5, 7, 8, 16, 17, 31, 32, 64, 65, 1000)}
     assert got == {1: 4, 2: 3, 4: 3, 5: 3, 7: 3, 8: 1, 16: 1, 17: 1, 31: 1, 32: 0, 64: 0, 65: 0, 1000: 0}
 
 
@@ -73,7 +73,7 @@ def test_outputs_are_exact_whatever_k_each_step_uses(extra):
     if "num_speculative_tokens_per_batch_size" in extra:
         drafted = [len(d) for _, d, _ in llm.engine.trace]
         assert max(drafted) <= 4
-        assert list(policy.history) == [policy.num_drafts(b) for b in policy.batch_sizes]
+        assert list(policy.history) == [policy.k_for_batch_size(b) for b in policy.batch_sizes]
 
 
 def test_schedule_turns_speculation_off_at_large_batches():
@@ -105,7 +105,7 @@ def synthetic(policy, alpha: float, a: float, b: float, steps: int = 200, batch_
 
 def test_adaptive_speculates_when_compute_is_spare_and_stops_when_it_is_not():
     memory_bound = synthetic(AdaptivePolicy(4), alpha=0.8, a=0.020, b=0.0001, batch_size=1)
-    assert memory_bound.num_drafts(1) >= 3, memory_bound.fit()
+    assert memory_bound.k_for_batch_size(1) >= 3, memory_bound.fit()
     compute_bound = synthetic(AdaptivePolicy(4), alpha=0.3, a=0.001, b=0.002, batch_size=64)
     m = compute_bound.fit()
     assert AdaptivePolicy.predicted_throughput(m, 64, 0) > AdaptivePolicy.predicted_throughput(m, 64, 1)
@@ -122,7 +122,7 @@ def test_adaptive_learns_the_cost_of_a_request_with_drafts():
     assert AdaptivePolicy.predicted_throughput(m, 16, 0) > max(AdaptivePolicy.predicted_throughput(m, 16, k)
                                                                for k in range(1, 5))
     cheap = synthetic(AdaptivePolicy(4), alpha=0.5, a=0.01, b=0.0002, c=0.0, batch_size=16)
-    assert cheap.num_drafts(16) > 0, cheap.fit()
+    assert cheap.k_for_batch_size(16) > 0, cheap.fit()
 
 
 def test_adaptive_model_is_lesson_02s_formula():

@@ -94,7 +94,7 @@ def check_table(m) -> str | None:
         for k_max in (2, 4):
             ref = BatchSizeSchedule(k_max, table)
             for b in list(range(1, 70)) + [100, 4096, 5000]:
-                got, want = m.k_for_batch_size(table, b, k_max), ref.num_drafts(b)
+                got, want = m.k_for_batch_size(table, b, k_max), ref.k_for_batch_size(b)
                 if got != want:
                     where = next((f"inside {s}-{e}" for s, e, _ in table if s <= b <= e), None)
                     where = where or ("below the first range" if b < table[0][0] else "in a gap or past the last range")

@@ -90,7 +90,7 @@ def test_theory_formulas():
 
 
 def test_metrics_counters():
-    st = SpecDecodingStats(num_spec_tokens=3)
+    st = SpecDecodingStats(num_speculative_tokens=3)
     st.observe(3, 2)
     st.observe(3, 0)
     st.observe(0, 0)  # no drafts: not a draft
@@ -100,7 +100,7 @@ def test_metrics_counters():
     assert st.alpha == pytest.approx(2 / 4)  # positions tested: 3 in the first step, 1 in the second
     with pytest.raises(ValueError):
         st.observe(2, 3)
-    short = SpecDecodingStats(num_spec_tokens=8)
+    short = SpecDecodingStats(num_speculative_tokens=8)
     short.observe(2, 2)  # a short draft (n-gram found only 2 tokens), fully accepted: 2 positions tested
     short.observe(8, 1)
     assert short.alpha == pytest.approx(3 / (2 + 2))

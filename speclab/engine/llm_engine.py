@@ -132,7 +132,7 @@ class LLMEngine:
         if self.trace is not None:  # (request id, drafts verified, tokens emitted): for lessons and debugging
             for s in output.scheduled:
                 if s.request.request_id in result.sampled:
-                    self.trace.append((s.request.request_id, s.request.spec_token_ids[:s.num_spec_tokens],
+                    self.trace.append((s.request.request_id, s.request.spec_token_ids[:s.num_draft_tokens],
                                        list(result.sampled[s.request.request_id])))
         step = self.scheduler.update_from_output(output, result.sampled, result.errors)
         self.runner.remove_requests([r.request_id for r in step.finished])
@@ -152,8 +152,8 @@ class LLMEngine:
         scheduled = output.scheduled
         self.spec_policy.observe(
             num_tokens=sum(s.num_new_tokens for s in scheduled), target_seconds=t_target, batch_size=len(decoding),
-            decode_only=bool(scheduled) and all(s.num_new_tokens == 1 + s.num_spec_tokens for s in scheduled),
-            num_verifying=sum(1 for s in scheduled if s.num_spec_tokens),
+            decode_only=bool(scheduled) and all(s.num_new_tokens == 1 + s.num_draft_tokens for s in scheduled),
+            num_verifying=sum(1 for s in scheduled if s.num_draft_tokens),
             num_drafted=sum(len(ids) for ids, _ in drafts.values()), num_requested=k * len(decoding), k=k,
             num_with_drafts=sum(1 for ids, _ in drafts.values() if ids), draft_seconds=t_draft, stats=self.stats)
 

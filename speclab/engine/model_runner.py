@@ -87,7 +87,7 @@ class ModelRunner:
             if s.samples:
                 end = meta.query_start_loc[i + 1]
                 sampling.append(s)
-                rows.append(torch.arange(end - 1 - s.num_spec_tokens, end))
+                rows.append(torch.arange(end - 1 - s.num_draft_tokens, end))
         if not sampling:
             return result
         logits = self.model.compute_logits(hidden[torch.cat(rows).to(self.device)])  # (T + B, V)
@@ -104,7 +104,7 @@ class ModelRunner:
     @staticmethod
     def _drop_non_finite(sampling, logits, errors: dict[str, str]):
         """Fail the requests whose rows hold NaN or inf; return the others and their rows."""
-        sizes = torch.tensor([s.num_spec_tokens + 1 for s in sampling])
+        sizes = torch.tensor([s.num_draft_tokens + 1 for s in sampling])
         owner = torch.repeat_interleave(torch.arange(len(sampling)), sizes).to(logits.device)  # (T + B,)
         bad = set(owner[~torch.isfinite(logits).all(-1)].tolist())
         for i in sorted(bad):
@@ -116,21 +116,21 @@ class ModelRunner:
         """All requests greedy: no probabilities, no random numbers (`verify_greedy_step` per request)."""
         out, row = {}, 0
         for s in sampling:
-            k = s.num_spec_tokens
+            k = s.num_draft_tokens
             out[s.request.request_id] = verify_greedy_step(s.request.spec_token_ids[:k], logits[row:row + k + 1])
             row += k + 1
         return out
 
     def verify(self, sampling: list[ScheduledRequest], logits: torch.Tensor) -> torch.Tensor:
         """Process logits per request and verify every request's drafts (k = 0 allowed) at once."""
-        ks = [s.num_spec_tokens for s in sampling]
+        ks = [s.num_draft_tokens for s in sampling]
         params = [s.request.params for s in sampling]
         per_row = lambda f: torch.tensor([f(p) for p, k in zip(params, ks) for _ in range(k + 1)])  # noqa: E731
         probs = logits_to_probs(logits, per_row(lambda p: p.temperature), per_row(lambda p: p.top_k),
                                 per_row(lambda p: p.top_p))  # (T + B, V)
-        drafts = [t for s in sampling for t in s.request.spec_token_ids[:s.num_spec_tokens]]
-        q = [s.request.spec_draft_probs[:s.num_spec_tokens] for s in sampling
-             if s.num_spec_tokens and s.request.spec_draft_probs is not None]
+        drafts = [t for s in sampling for t in s.request.spec_token_ids[:s.num_draft_tokens]]
+        q = [s.request.spec_draft_probs[:s.num_draft_tokens] for s in sampling
+             if s.num_draft_tokens and s.request.spec_draft_probs is not None]
         if q and len(q) != sum(1 for k in ks if k):
             raise RuntimeError("some requests' drafts carry q and others do not: one proposer drafts for all")
         draft_probs = torch.cat(q).to(self.device) if q else None  # (T, V) or one-hot drafts

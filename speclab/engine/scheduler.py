@@ -32,7 +32,7 @@ class ScheduledRequest:
 
     Attributes (fixed when scheduled, before the step changes the request):
         start: the request's num_computed_tokens at scheduling time.
-        num_spec_tokens: drafts among the new tokens (fewer than proposed when the budget truncates them).
+        num_draft_tokens: drafts among the new tokens (fewer than proposed when the budget truncates them).
         samples: whether the step yields tokens for the request (its chunk reaches the known end).
         num_output_tokens: the request's generated tokens so far: row j of its verification decides
             output position num_output_tokens + j (what keys a seeded request's randomness).
@@ -41,7 +41,7 @@ class ScheduledRequest:
     request: Request
     num_new_tokens: int
     start: int = field(init=False)
-    num_spec_tokens: int = field(init=False)
+    num_draft_tokens: int = field(init=False)
     samples: bool = field(init=False)
     num_output_tokens: int = field(init=False)
 
@@ -49,7 +49,7 @@ class ScheduledRequest:
         req = self.request
         self.start = req.num_computed_tokens
         end = self.start + self.num_new_tokens
-        self.num_spec_tokens = max(0, end - req.num_tokens)
+        self.num_draft_tokens = max(0, end - req.num_tokens)
         self.samples = end >= req.num_tokens
         self.num_output_tokens = len(req.output_token_ids)
 
@@ -188,7 +188,7 @@ class Scheduler:
             if errors and req.request_id in errors:
                 req.finish("error", errors[req.request_id])
             elif req.request_id in sampled:
-                self._commit(req, s.num_spec_tokens, sampled[req.request_id])
+                self._commit(req, s.num_draft_tokens, sampled[req.request_id])
             if req.is_finished:
                 self._free(req)
                 result.finished.append(req)

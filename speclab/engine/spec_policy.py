@@ -4,7 +4,7 @@ Speculation trades compute for fewer sequential steps. At batch 1 a decode step 
 verifying k extra tokens is nearly free; at a large batch the forward is compute-bound and every
 rejected draft costs real time (Leviathan et al. 2023, section 3.4: speculation needs spare
 compute). So the best k falls with the batch size, to 0 somewhere. Three policies, one interface
-(`num_drafts(batch_size) -> k for this step`), consulted by the model runner before it drafts:
+(`k_for_batch_size(batch_size) -> k for this step`), consulted by the model runner before it drafts:
 
 - `FixedK`: always k (vLLM's `num_speculative_tokens`).
 - `BatchSizeSchedule`: vLLM's dynamic speculative decoding (PR #32374), the speculative_config key
@@ -40,11 +40,11 @@ class SpecPolicy:
         self.history: deque[int] = deque(maxlen=100_000)  # the k chosen at recent drafting steps (lessons plot it)
         self.batch_sizes: deque[int] = deque(maxlen=100_000)  # the batch size each was chosen for
 
-    def num_drafts(self, batch_size: int) -> int:
+    def k_for_batch_size(self, batch_size: int) -> int:
         return self.k_max
 
     def choose(self, batch_size: int) -> int:
-        k = self.num_drafts(batch_size)
+        k = self.k_for_batch_size(batch_size)
         self.history.append(k)
         self.batch_sizes.append(batch_size)
         return k
@@ -67,7 +67,7 @@ class BatchSizeSchedule(SpecPolicy):
         super().__init__(k_max)
         self.table = sorted(table)
 
-    def num_drafts(self, batch_size: int) -> int:
+    def k_for_batch_size(self, batch_size: int) -> int:
         k = self.k_max  # below the first range: the startup k
         for start, end, k_range in self.table:
             if batch_size < start:
@@ -175,7 +175,7 @@ class AdaptivePolicy(SpecPolicy):
                    + k * (model["d0"] + model["d1"] * batch_size))
         return tokens / seconds if seconds > 0 else 0.0
 
-    def num_drafts(self, batch_size: int) -> int:
+    def k_for_batch_size(self, batch_size: int) -> int:
         """The k for this step (call once per step: it advances the probe counter and the hysteresis)."""
         if self._steps < self.warmup or self.alpha is None or len(self.target) < 4:
             return self.k_max if len(self.history) % 2 == 0 else 0  # warm-up: measure both regimes

@@ -10,7 +10,7 @@ that followed it. No match: no drafts. Costs no model call, so it pays wherever 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from speclab.engine.proposer import Proposal, Proposer, ProposerContext
+from speclab.engine.proposer import Proposal, Proposer, ProposerContext, check_k
 from speclab.engine.request import Request
 
 
@@ -24,8 +24,7 @@ class NgramProposer(Proposer):
         if not 1 <= prompt_lookup_min <= prompt_lookup_max:
             raise ValueError(f"need 1 <= prompt_lookup_min ({prompt_lookup_min}) <= prompt_lookup_max "
                              f"({prompt_lookup_max})")
-        if num_speculative_tokens < 1:
-            raise ValueError(f"num_speculative_tokens must be > 0, got {num_speculative_tokens}")
+        check_k(num_speculative_tokens)
         self.min_n, self.max_n = prompt_lookup_min, prompt_lookup_max
         self.num_speculative_tokens = num_speculative_tokens
         self._contexts: dict[str, tuple[np.ndarray, int]] = {}  # request id -> (token buffer, tokens in it)
