@@ -56,15 +56,33 @@ def run_hf(model, tokenizer, prompts, max_new_tokens: int, greedy: bool, **kwarg
     return [row[width:].tolist() for row in out], seconds
 
 
+def interleaved(sides: dict, repeats: int) -> dict[str, list]:
+    """Run each side's callable `repeats` times, alternating the sides (one round: each side once), so
+    that drifting load on a shared CPU falls on all of them alike. Returns side -> its results in order."""
+    out = {name: [] for name in sides}
+    for _ in range(repeats):
+        for name, fn in sides.items():
+            out[name].append(fn())
+    return out
+
+
+def median_range(values) -> str:
+    """'median (min-max)' of ratios, for the tables."""
+    return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})"
+
+
 def bench_decode(args) -> None:
-    """Plain decoding tokens/s: speclab's engine against transformers' generate, same checkpoint and dtype."""
+    """Plain decoding tokens/s: speclab's engine against transformers' generate, same checkpoint and dtype,
+    `--repeats` interleaved rounds per row (medians; the ratio's range over the rounds)."""
     from speclab.models.hub import load_model, load_tokenizer
 
     tok = load_tokenizer(args.target)
     prompts = prompt_ids(tok, args.target, "codegen" if is_real(args.target) else "code")
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
-    print(f"plain greedy decoding, {args.max_tokens} new tokens per prompt, torch threads = {torch.get_num_threads()}")
-    print(f"{'dtype':<9}{'batch':>5} {'speclab tok/s':>14} {'transformers tok/s':>19} {'ratio':>7} {'same tokens':>12}")
+    print(f"plain greedy decoding, {args.max_tokens} new tokens per prompt, torch threads = {torch.get_num_threads()}, "
+          f"{args.repeats} interleaved rounds per row")
+    print(f"{'dtype':<9}{'batch':>5} {'speclab tok/s':>14} {'transformers tok/s':>19} {'ratio (range)':>20} "
+          f"{'same tokens':>12}")
     for dtype in args.dtypes:
         torch_dtype = resolve_dtype(dtype, model_directory(args.target))
         llm, hf = LLM(args.target, max_num_seqs=64, dtype=torch_dtype), load_model(args.target, dtype=torch_dtype)
@@ -72,15 +90,19 @@ def bench_decode(args) -> None:
         run_hf(hf, tok, prompts[:2], 8, greedy=True)
         for bs in args.batch_sizes:
             batch = (prompts * (bs // len(prompts) + 1))[:bs]
-            ours, t_ours = run_speclab(llm, batch, params)
-            theirs, t_hf = run_hf(hf, tok, batch, args.max_tokens, greedy=True)
+            runs = interleaved({"ours": lambda: run_speclab(llm, batch, params),
+                                "hf": lambda: run_hf(hf, tok, batch, args.max_tokens, greedy=True)}, args.repeats)
+            (ours, _), (theirs, _) = runs["ours"][0], runs["hf"][0]
+            t_ours = statistics.median(t for _, t in runs["ours"])
+            t_hf = statistics.median(t for _, t in runs["hf"])
+            ratios = [h / o for (_, o), (_, h) in zip(runs["ours"], runs["hf"])]
             n = sum(map(len, ours))
             same = sum(a == b for a, b in zip(ours, theirs))
-            print(f"{dtype:<9}{bs:>5} {n / t_ours:>14.1f} {n / t_hf:>19.1f} {t_hf / t_ours:>6.2f}x {same:>7}/{bs}",
-                  flush=True)
+            print(f"{dtype:<9}{bs:>5} {n / t_ours:>14.1f} {n / t_hf:>19.1f} {median_range(ratios):>20} "
+                  f"{same:>7}/{bs}", flush=True)
         del llm, hf
-    print("ratio: speclab tokens/s over transformers', measured in this run (prefill included); same tokens: "
-          "prompts whose greedy output is identical token for token.")
+    print("ratio: speclab tokens/s over transformers', per round of this run (prefill included), median and range; "
+          "same tokens: prompts whose greedy output is identical token for token.")
 
 
 def decode_rate(generate, n: int, repeat: int = 5) -> float:
@@ -276,6 +298,7 @@ def main(argv=None) -> None:
     ap.add_argument("--methods", nargs="+", default=None, choices=["none", "ngram", "draft_model"],
                     help="spec rows to run (default: all; 'none' is the plain baseline the speedups need)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds per row in decode (default 3)")
     ap.add_argument("--k", type=int, default=4, help="drafts per step (heads)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
