@@ -30,7 +30,9 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -347,23 +349,40 @@ def identity_init(head) -> None:
         head.fuse.weight[:, -D:] = torch.eye(D)
 
 
-def run(args) -> dict:
-    from speclab.models.hub import resolve
-    from speclab.models.llama import load_llama
+@dataclass
+class _Fit:
+    """What the training loop did, for the manifest."""
+    steps: int
+    final_loss_ema: float
+    minutes: float
+    parameters: int
+    ttt: int
+    feature_rms: float
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    out = Path(args.out) if args.out else HEADS_DIR / (args.method if args.target == "target" else f"{args.method}-{args.target}")
-    log_path = Path(args.log) if args.log else cache_dir() / f"train-{out.name}.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
 
+def _logger(log_path: Path) -> Callable[[str], None]:
+    """A log function: each line time-stamped, to stderr and appended to `log_path`."""
     def log(msg):
         line = f"[{time.strftime('%H:%M:%S')}] {msg}"
         print(line, file=sys.stderr, flush=True)
         with open(log_path, "a") as fh:
             fh.write(line + "\n")
+    return log
 
-    t0 = time.time()
+
+def _out_and_log(args) -> tuple[Path, Callable[[str], None]]:
+    """The head directory (--out, else HEADS_DIR/NAME) and the log function (--log, else the cache's)."""
+    out = Path(args.out) if args.out else HEADS_DIR / (args.method if args.target == "target" else f"{args.method}-{args.target}")
+    log_path = Path(args.log) if args.log else cache_dir() / f"train-{out.name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    return out, _logger(log_path)
+
+
+def _target_and_data(args, log, t0: float):
+    """The frozen target, the layers whose hidden states are stored, and the (cached) data."""
+    from speclab.models.hub import resolve
+    from speclab.models.llama import load_llama
+
     target = load_llama(resolve(args.target, "target")[0])
     for p in target.parameters():
         p.requires_grad_(False)
@@ -371,7 +390,11 @@ def run(args) -> dict:
     stored = (2, L // 2, L) if args.target == "target" else (L,)
     data = load_data(args.target, target, stored, args)
     log(f"data: {data['about']}; {time.time() - t0:.0f}s")
-    torch.manual_seed(args.seed)
+    return target, stored, data
+
+
+def _new_head(args, target, stored: tuple[int, ...], data: dict, log):
+    """The head's config and the head: continued from --init, or new (draft vocabulary, initialisation)."""
     layers = tuple(map(int, args.hidden_layers.split(","))) if args.hidden_layers else None
     if layers and not set(layers) <= set(stored):
         raise ValueError(f"--hidden-layers {args.hidden_layers}: the cached hidden states hold layers {stored}")
@@ -391,20 +414,37 @@ def run(args) -> dict:
         if args.layer_init is not None:  # the decoder layer starts as one of the target's (shapes agree)
             head.layer.load_state_dict(target.model.layers[args.layer_init].state_dict())
             log(f"decoder layer initialised from the target's layer {args.layer_init}")
+    return cfg, head, earlier
+
+
+def _objective(head, target, stored: tuple[int, ...], data: dict) -> Objective:
+    """The loss's frozen target pieces, with the features' RMS measured on the first training sequences."""
+    L = target.config.num_hidden_layers
+    obj = Objective(head, target)
+    top = torch.cat([column_block(h[:256], stored, (L,)).float() for _, h, _ in data["train"][:64]])
+    obj.scale = float(top.pow(2).mean().sqrt())
+    return obj
+
+
+def _lr(args, step: int, progress: float) -> float:
+    """Linear warmup over --warmup steps, then a cosine from --lr to a tenth of it as progress reaches 1."""
+    return args.lr * min(1.0, (step + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1))))
+
+
+def _train(args, cfg, head, target, stored: tuple[int, ...], data: dict, log) -> _Fit:
+    """AdamW on the head until --steps or the --minutes budget ends the cosine; a progress bar shows the loss."""
     params = [p for p in head.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in params)
     log(f"{args.method} head for {args.target}: {n_params:,} parameters; reads layers {cfg.hidden_layers}")
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    obj = Objective(head, target)
-    top = torch.cat([column_block(h[:256], stored, (L,)).float() for _, h, _ in data["train"][:64]])
-    obj.scale = float(top.pow(2).mean().sqrt())
+    obj = _objective(head, target, stored, data)
     ttt = args.ttt or DEFAULTS[args.method]["ttt"]
     gen = torch.Generator().manual_seed(args.seed)
     t_train, step, ema, progress = time.time(), 0, None, 0.0
     bar = tqdm(total=args.steps, desc=f"{args.method}", mininterval=5)
     while step < args.steps and progress < 1.0:
         progress = max(step / args.steps, (time.time() - t_train) / (args.minutes * 60))
-        lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1))))
+        lr = _lr(args, step, progress)
         for gr in opt.param_groups:
             gr["lr"] = lr
         tokens, hidden, lab = batch(data["train"], gen, args.batch_size, args.seq_len)
@@ -423,11 +463,12 @@ def run(args) -> dict:
             log(f"step {step} loss {loss.item():.4f} ema {ema:.4f} lr {lr:.2e} {parts}")
         step += 1
     bar.close()
-    minutes = (time.time() - t_train) / 60
-    head.eval()
-    save_head(head, out)  # the weights first: an evaluation error must not lose a training run
-    fig = evaluate(head, target, data["heldout"], stored, args.method)
-    log(f"held-out: {fig}")
+    return _Fit(step, ema, (time.time() - t_train) / 60, n_params, ttt, obj.scale)
+
+
+def _reproduce(args, fit: _Fit, earlier: dict | None) -> str:
+    """The command that repeats this run step for step (after the earlier run's command, if continued)."""
+    step, ttt = fit.steps, fit.ttt
     cmd = (f"python -m speclab.train.heads --method {args.method} --target {args.target} --steps {step} "
            f"--minutes 1000 --batch-size {args.batch_size} --seq-len {args.seq_len} --lr {args.lr} --seed {args.seed}"
            + (f" --draft-vocab {args.draft_vocab}" if args.draft_vocab else "") + (f" --ttt {ttt}" if ttt != 1 else "")
@@ -436,19 +477,43 @@ def run(args) -> dict:
            + (f" --layer-init {args.layer_init}" if args.layer_init is not None else ""))
     if earlier:  # a continued run: its reproduction is the earlier command, then this one with --init
         cmd = f"{earlier['reproduce']} && {cmd.replace(f'--steps {step} ', f'--steps {step} --init {args.init} ')}"
-    manifest = {
+    return cmd
+
+
+def _manifest(args, cfg, data: dict, fit: _Fit, fig: dict, earlier: dict | None, t0: float) -> dict:
+    """MANIFEST.json's contents: the head, its data and loss, the run(s) that trained it, held-out figures."""
+    step, minutes = fit.steps, fit.minutes
+    return {
         "about": f"{args.method} head for {args.target}, trained by speclab/train/heads.py on the frozen target's "
                  f"hidden states (float32, CPU)", "method": args.method, "target": cfg.target,
-        "hidden_layers": list(cfg.hidden_layers), "parameters": n_params, "draft_vocab_size": args.draft_vocab or None,
+        "hidden_layers": list(cfg.hidden_layers), "parameters": fit.parameters, "draft_vocab_size": args.draft_vocab or None,
         "data": data["about"], "loss": {"eagle": "SmoothL1(g / s, f / s) + 0.1 CE(p, q)", "eagle3": "CE(p, q), training-time test",
                                         "mtp": "CE on the data's token", "medusa": "sum_i CE(p_{t+i}, q_i)"}[args.method],
-        "feature_rms": round(obj.scale, 3), "ttt_steps": ttt, "steps": step + (earlier["steps"] if earlier else 0),
+        "feature_rms": round(fit.feature_rms, 3), "ttt_steps": fit.ttt, "steps": step + (earlier["steps"] if earlier else 0),
         "runs": [{k: r[k] for k in ("steps", "train_minutes", "lr") if k in r} for r in (earlier.get("runs", [earlier]) if earlier else [])]
                 + [{"steps": step, "train_minutes": round(minutes, 2), "lr": args.lr}], "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": args.lr,
-        "final_loss_ema": round(ema, 4), "train_minutes": round(minutes + (earlier["train_minutes"] if earlier else 0), 2),
+        "final_loss_ema": round(fit.final_loss_ema, 4), "train_minutes": round(minutes + (earlier["train_minutes"] if earlier else 0), 2),
         "total_minutes": round((time.time() - t0) / 60, 2), "torch_threads": torch.get_num_threads(),
-        "machine": f"{os.cpu_count()}-core AMD EPYC, load average {os.getloadavg()[0]:.1f} at the end", "heldout": fig, "seed": args.seed, "reproduce": cmd,
+        "machine": f"{os.cpu_count()}-core AMD EPYC, load average {os.getloadavg()[0]:.1f} at the end", "heldout": fig, "seed": args.seed,
+        "reproduce": _reproduce(args, fit, earlier),
     }
+
+
+def run(args) -> dict:
+    """Train one head as main's flags in `args` ask; save its directory with MANIFEST.json; return the manifest."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out, log = _out_and_log(args)
+    t0 = time.time()
+    target, stored, data = _target_and_data(args, log, t0)
+    torch.manual_seed(args.seed)  # the new head's initialisation
+    cfg, head, earlier = _new_head(args, target, stored, data, log)
+    fit = _train(args, cfg, head, target, stored, data, log)
+    head.eval()
+    save_head(head, out)  # the weights first: an evaluation error must not lose a training run
+    fig = evaluate(head, target, data["heldout"], stored, args.method)
+    log(f"held-out: {fig}")
+    manifest = _manifest(args, cfg, data, fit, fig, earlier, t0)
     save_head(head, out, manifest)
     log(f"saved {out} ({sum(f.stat().st_size for f in out.iterdir()) / 1e6:.2f} MB) in {manifest['total_minutes']} min")
     return manifest

@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -80,6 +81,174 @@ def _tokenize(tok, texts: list[str]) -> np.ndarray:
     return np.asarray(ids, dtype=np.uint16)
 
 
+@dataclass
+class _Run:
+    """One run's request and places, as `run` was called: what every stage reads."""
+    cfg: Preset
+    preset: str
+    seed: int
+    out: Path
+    work: Path
+    log: Callable[[str], None]
+    target_steps: int | None
+    draft_steps: int | None
+    reuse: tuple[str, ...]
+    target_minutes: float | None
+    draft_minutes: float | None
+    init_target: str | Path | None
+
+
+@dataclass
+class _Data:
+    """The corpus, its tokenizer and token streams, and the held-out evaluation windows."""
+    cman: dict                 # corpus manifest (corpus.manifest)
+    tok_dir: Path
+    vocab: int
+    eos: int
+    train_ids: np.ndarray      # (N_train,) uint16
+    held_ids: np.ndarray       # (N_heldout,) uint16
+    windows: torch.Tensor      # held-out evaluation windows (evaluate.eval_windows)
+
+
+def _logger(log_path: Path) -> Callable[[str], None]:
+    """A log function: each line time-stamped, to stderr and appended to `log_path`."""
+    def log(msg: str):
+        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
+        print(line, file=sys.stderr, flush=True)
+        with open(log_path, "a") as fh:
+            fh.write(line + "\n")
+    return log
+
+
+def _prepare_data(r: _Run, prompts_out: str | Path | None) -> _Data:
+    """Collect the corpus, train and save the tokenizer, tokenize both splits, write the prompt sets."""
+    files = collect(limit=r.cfg.max_files)
+    cman = corpus_manifest(files)
+    r.log(f"corpus: {cman['num_files']} files, {cman['num_bytes']} bytes, sha256 {cman['corpus_sha256'][:12]}")
+    train_texts = [f.text for f in files if f.split == "train"]
+    held_texts = [f.text for f in files if f.split == "heldout"]
+    tok = train_tokenizer(train_texts, r.cfg.vocab_size)
+    tok_dir = r.work / "tokenizer"
+    save_tokenizer(tok, tok_dir, model_max_length=r.cfg.target.max_position_embeddings)
+    vocab, eos = tok.get_vocab_size(), tok.token_to_id(EOS)
+    train_ids, held_ids = _tokenize(tok, train_texts), _tokenize(tok, held_texts)
+    r.log(f"tokenizer: vocab {vocab}; train {len(train_ids)} tokens, held-out {len(held_ids)} tokens")
+    if prompts_out is not None:
+        _write_prompts(files, tok, cman, prompts_out, r.log)
+    windows = eval_windows(held_ids, r.cfg.eval_windows, r.cfg.eval_seq_len)
+    return _Data(cman, tok_dir, vocab, eos, train_ids, held_ids, windows)
+
+
+def _write_prompts(files, tok, cman: dict, path: str | Path, log) -> None:
+    """The held-out prompt sets (speclab.data.prompts), with where they come from, as JSON at `path`."""
+    sets = build_prompts(files, lambda s: len(tok.encode(s).ids))
+    sets = {"about": {"python_version": cman["python_version"], "corpus_sha256": cman["corpus_sha256"],
+                      "source": "functions of held-out stdlib modules; see speclab/data/prompts.py"}, **sets}
+    Path(path).write_text(json.dumps(sets, indent=1) + "\n")
+    log(f"prompts: {', '.join(f'{k} {len(v)}' for k, v in sets.items() if k != 'about')} -> {path}")
+
+
+def _train_spec(ts: TrainSpec, seed: int, steps: int | None, minutes: float | None) -> TrainSpec:
+    """The preset's TrainSpec with this model's seed, and fixed steps or another time budget if given."""
+    fixed = {} if steps is None else {"steps": steps, "budget_minutes": None}
+    budget = {} if minutes is None or steps is not None else {"budget_minutes": minutes}
+    return TrainSpec(**{**asdict(ts), "seed": seed, **fixed, **budget})
+
+
+def _train_models(r: _Run, data: _Data) -> tuple[dict, dict]:
+    """Train (or reuse) the target, the distilled draft, then the data-only draft: (models, figures) by name."""
+    models, figures = {}, {}
+    # the distilled draft fits its budget first; the data-only draft then gets the same steps,
+    # the same initialisation and the same batches, so that the comparison is fair
+    jobs = [("target", r.cfg.target, r.cfg.target_train, None),
+            ("draft-distilled", r.cfg.draft, r.cfg.draft_train, "target"),
+            ("draft-data", r.cfg.draft, r.cfg.draft_train, None)]
+    for name, mspec, tspec, teacher in jobs:
+        seed = r.seed + (0 if name == "target" else 1)
+        steps = r.target_steps if name == "target" else r.draft_steps
+        if name == "draft-data":   # same steps as the distilled draft, however long they take
+            steps = figures["draft-distilled"]["steps"]
+        if name in r.reuse:
+            models[name], figures[name] = _reuse_model(r, name)
+            continue
+        minutes = r.target_minutes if name == "target" else r.draft_minutes
+        spec = _train_spec(tspec, seed, steps, minutes)
+        models[name], figures[name] = _train_model(r, data, name, mspec, spec, teacher, models.get(teacher))
+    return models, figures
+
+
+def _reuse_model(r: _Run, name: str) -> tuple[torch.nn.Module, dict]:
+    """A model trained into WORK by an earlier run, and its figures."""
+    model = AutoModelForCausalLM.from_pretrained(r.work / name, dtype=torch.float32).eval()
+    figures = json.loads((r.work / name / "figures.json").read_text())
+    r.log(f"{name}: reused from {r.work / name}")
+    return model, figures
+
+
+def _train_model(r: _Run, data: _Data, name: str, mspec: ModelSpec, spec: TrainSpec, teacher: str | None,
+                 teacher_model) -> tuple[torch.nn.Module, dict]:
+    """Initialise one model, train it into WORK/name, measure its held-out loss; write its figures.json."""
+    continued = name == "target" and r.init_target is not None
+    if continued:
+        model = AutoModelForCausalLM.from_pretrained(r.init_target, dtype=torch.float32).train()
+        r.log(f"{name}: continuing from {r.init_target}")
+    else:
+        model = new_model(mspec, data.vocab, data.eos, spec.seed)
+    r.log(f"{name}: {num_params(model):,} parameters; {asdict(mspec)}")
+    stats = train(model, data.train_ids, spec, r.work / name, data.tok_dir, teacher=teacher_model, log=r.log, desc=name)
+    if continued:
+        stats["initialized_from"] = str(r.init_target)
+    figures = {"parameters": num_params(model), "model": asdict(mspec), **stats, **heldout_loss(model, data.windows)}
+    if teacher:
+        figures["distilled_from"] = teacher
+    (r.work / name / "figures.json").write_text(json.dumps(figures, indent=1))
+    r.log(f"{name}: {figures}")
+    return model, figures
+
+
+def _compare_drafts(r: _Run, data: _Data, models: dict, figures: dict) -> None:
+    """Add each draft's agreement with the target and its cost ratio c to its figures."""
+    for name in ("draft-data", "draft-distilled"):
+        figures[name].update(agreement(models["target"], models[name], data.windows))
+        figures[name].update(cost_ratio(models["target"], models[name], n_steps=r.cfg.decode_steps))
+        r.log(f"{name} vs target: {figures[name]}")
+
+
+def _ship(r: _Run, data: _Data, figures: dict) -> tuple[str, dict]:
+    """Copy the target and the drafts from WORK to OUT (the higher mean Σ min(p, q) as `draft`): (best, dirs)."""
+    best = max(("draft-distilled", "draft-data"), key=lambda n: figures[n]["mean_sum_min_pq"])
+    other = "draft-data" if best == "draft-distilled" else "draft-distilled"
+    dirs = {"target": "target", best: "draft", other: other}
+    for name, d in dirs.items():
+        if (r.out / d).exists():
+            shutil.rmtree(r.out / d)
+        shutil.copytree(r.work / name, r.out / d)
+        for extra in ("training_state.json", "figures.json"):
+            (r.out / d / extra).unlink(missing_ok=True)
+    (r.out / "corpus_files.json").write_text(json.dumps(data.cman, indent=1) + "\n")
+    return best, dirs
+
+
+def _manifest(r: _Run, data: _Data, figures: dict, best: str, dirs: dict, t_start: float) -> dict:
+    """MANIFEST.json's contents: corpus, tokenizer, evaluation, every model's figures, the reproducing command."""
+    cman = data.cman
+    return {
+        "about": "The embedded model pair of speclab: see speclab/train/pipeline.py. Losses in nats/token.",
+        "python_version": cman["python_version"], "corpus_sha256": cman["corpus_sha256"],
+        "corpus": {k: cman[k] for k in ("num_files", "num_bytes", "heldout_modules")},
+        "corpus_tokens": {"train": int(len(data.train_ids)), "heldout": int(len(data.held_ids))},
+        "tokenizer": {"type": "byte-level BPE (tokenizers)", "vocab_size": data.vocab, "eos_token": EOS,
+                      "eos_token_id": data.eos},
+        "eval": {"heldout_windows": int(len(data.windows)), "seq_len": r.cfg.eval_seq_len,
+                 "torch_threads": torch.get_num_threads()},
+        "default_draft": best, "directories": dirs,
+        "models": {name: {"directory": dirs[name], **figures[name]} for name in figures},
+        "preset": r.preset, "seed": r.seed, "total_minutes": round((time.time() - t_start) / 60, 2),
+        "reproduce": (f"python -m speclab.train --preset {r.preset} --seed {r.seed} --target-steps "
+                      f"{figures['target']['steps']} --draft-steps {figures['draft-distilled']['steps']}"),
+    }
+
+
 def run(preset: str = "full", out: str | Path | None = None, prompts_out: str | Path | None = None,
         work: str | Path | None = None, log_file: str | Path | None = None, seed: int = 0,
         target_steps: int | None = None, draft_steps: int | None = None, reuse: tuple[str, ...] = (),
@@ -100,104 +269,15 @@ def run(preset: str = "full", out: str | Path | None = None, prompts_out: str | 
     out = Path(out) if out is not None else Path(__file__).resolve().parents[1] / "checkpoints"
     work = Path(work) if work is not None else out / "_work"
     work.mkdir(parents=True, exist_ok=True)
-    log_path = Path(log_file) if log_file else work / "train.log"
+    log = _logger(Path(log_file) if log_file else work / "train.log")
     t_start = time.time()
-
-    def log(msg: str):
-        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
-        print(line, file=sys.stderr, flush=True)
-        with open(log_path, "a") as fh:
-            fh.write(line + "\n")
-
-    files = collect(limit=cfg.max_files)
-    cman = corpus_manifest(files)
-    log(f"corpus: {cman['num_files']} files, {cman['num_bytes']} bytes, sha256 {cman['corpus_sha256'][:12]}")
-    train_texts = [f.text for f in files if f.split == "train"]
-    held_texts = [f.text for f in files if f.split == "heldout"]
-
-    tok = train_tokenizer(train_texts, cfg.vocab_size)
-    tok_dir = work / "tokenizer"
-    save_tokenizer(tok, tok_dir, model_max_length=cfg.target.max_position_embeddings)
-    vocab, eos = tok.get_vocab_size(), tok.token_to_id(EOS)
-    train_ids, held_ids = _tokenize(tok, train_texts), _tokenize(tok, held_texts)
-    log(f"tokenizer: vocab {vocab}; train {len(train_ids)} tokens, held-out {len(held_ids)} tokens")
-    if prompts_out is not None:
-        sets = build_prompts(files, lambda s: len(tok.encode(s).ids))
-        sets = {"about": {"python_version": cman["python_version"], "corpus_sha256": cman["corpus_sha256"],
-                          "source": "functions of held-out stdlib modules; see speclab/data/prompts.py"}, **sets}
-        Path(prompts_out).write_text(json.dumps(sets, indent=1) + "\n")
-        log(f"prompts: {', '.join(f'{k} {len(v)}' for k, v in sets.items() if k != 'about')} -> {prompts_out}")
-    windows = eval_windows(held_ids, cfg.eval_windows, cfg.eval_seq_len)
-
-    def spec(ts: TrainSpec, s: int, steps: int | None, minutes: float | None) -> TrainSpec:
-        fixed = {} if steps is None else {"steps": steps, "budget_minutes": None}
-        budget = {} if minutes is None or steps is not None else {"budget_minutes": minutes}
-        return TrainSpec(**{**asdict(ts), "seed": s, **fixed, **budget})
-
-    models, figures = {}, {}
-    # the distilled draft fits its budget first; the data-only draft then gets the same steps,
-    # the same initialisation and the same batches, so that the comparison is fair
-    jobs = [("target", cfg.target, cfg.target_train, None),
-            ("draft-distilled", cfg.draft, cfg.draft_train, "target"),
-            ("draft-data", cfg.draft, cfg.draft_train, None)]
-    for name, mspec, tspec, teacher in jobs:
-        s = seed + (0 if name == "target" else 1)
-        steps = target_steps if name == "target" else draft_steps
-        if name == "draft-data":   # same steps as the distilled draft, however long they take
-            steps = figures["draft-distilled"]["steps"]
-        if name in reuse:
-            models[name] = AutoModelForCausalLM.from_pretrained(work / name, dtype=torch.float32).eval()
-            figures[name] = json.loads((work / name / "figures.json").read_text())
-            log(f"{name}: reused from {work / name}")
-            continue
-        if name == "target" and init_target is not None:
-            model = AutoModelForCausalLM.from_pretrained(init_target, dtype=torch.float32).train()
-            log(f"{name}: continuing from {init_target}")
-        else:
-            model = new_model(mspec, vocab, eos, s)
-        log(f"{name}: {num_params(model):,} parameters; {asdict(mspec)}")
-        minutes = target_minutes if name == "target" else draft_minutes
-        stats = train(model, train_ids, spec(tspec, s, steps, minutes), work / name, tok_dir,
-                      teacher=models.get(teacher), log=log, desc=name)
-        if name == "target" and init_target is not None:
-            stats["initialized_from"] = str(init_target)
-        models[name] = model
-        figures[name] = {"parameters": num_params(model), "model": asdict(mspec), **stats, **heldout_loss(model, windows)}
-        if teacher:
-            figures[name]["distilled_from"] = teacher
-        (work / name / "figures.json").write_text(json.dumps(figures[name], indent=1))
-        log(f"{name}: {figures[name]}")
-
-    for name in ("draft-data", "draft-distilled"):
-        figures[name].update(agreement(models["target"], models[name], windows))
-        figures[name].update(cost_ratio(models["target"], models[name], n_steps=cfg.decode_steps))
-        log(f"{name} vs target: {figures[name]}")
-
-    best = max(("draft-distilled", "draft-data"), key=lambda n: figures[n]["mean_sum_min_pq"])
-    other = "draft-data" if best == "draft-distilled" else "draft-distilled"
-    dirs = {"target": "target", best: "draft", other: other}
-    for name, d in dirs.items():
-        if (out / d).exists():
-            shutil.rmtree(out / d)
-        shutil.copytree(work / name, out / d)
-        for extra in ("training_state.json", "figures.json"):
-            (out / d / extra).unlink(missing_ok=True)
-    (out / "corpus_files.json").write_text(json.dumps(cman, indent=1) + "\n")
-
-    man = {
-        "about": "The embedded model pair of speclab: see speclab/train/pipeline.py. Losses in nats/token.",
-        "python_version": cman["python_version"], "corpus_sha256": cman["corpus_sha256"],
-        "corpus": {k: cman[k] for k in ("num_files", "num_bytes", "heldout_modules")},
-        "corpus_tokens": {"train": int(len(train_ids)), "heldout": int(len(held_ids))},
-        "tokenizer": {"type": "byte-level BPE (tokenizers)", "vocab_size": vocab, "eos_token": EOS,
-                      "eos_token_id": eos},
-        "eval": {"heldout_windows": int(len(windows)), "seq_len": cfg.eval_seq_len, "torch_threads": torch.get_num_threads()},
-        "default_draft": best, "directories": dirs,
-        "models": {name: {"directory": dirs[name], **figures[name]} for name in figures},
-        "preset": preset, "seed": seed, "total_minutes": round((time.time() - t_start) / 60, 2),
-        "reproduce": (f"python -m speclab.train --preset {preset} --seed {seed} --target-steps "
-                      f"{figures['target']['steps']} --draft-steps {figures['draft-distilled']['steps']}"),
-    }
+    r = _Run(cfg, preset, seed, out, work, log, target_steps, draft_steps, reuse, target_minutes, draft_minutes,
+             init_target)
+    data = _prepare_data(r, prompts_out)
+    models, figures = _train_models(r, data)
+    _compare_drafts(r, data, models, figures)
+    best, dirs = _ship(r, data, figures)
+    man = _manifest(r, data, figures, best, dirs, t_start)
     (out / "MANIFEST.json").write_text(json.dumps(man, indent=1) + "\n")
     log(f"done in {man['total_minutes']} min; default draft = {best}")
     return man

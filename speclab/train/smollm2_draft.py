@@ -34,7 +34,9 @@ import os
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -245,26 +247,59 @@ def save_shipped(draft, out: Path, manifest: dict) -> None:
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
-def run(budget_minutes: float = 35.0, steps: int = 400, tokens_per_step: int = 512, lr: float = 1e-3,
-        seed: int = 0, out: Path | None = None, evaluate_after: bool = True, teacher_answers: int | None = None,
-        layers: tuple[int, ...] | None = None) -> Path:
-    from speclab.models.smollm2_draft import SHIPPED
-    from speclab.train.teacher import load_teacher_data, teacher_manifest
+@dataclass
+class _Settings:
+    """run's arguments that the recipe and the manifest read."""
+    budget_minutes: float
+    steps: int
+    tokens_per_step: int
+    lr: float
+    seed: int
+    layers: tuple[int, ...] | None      # given by --layers, else chosen among CANDIDATES
 
-    out = Path(out) if out is not None else SHIPPED
-    wd = work_dir()
-    wd.mkdir(parents=True, exist_ok=True)
-    logf = open(wd / "train.log", "a")
+
+@dataclass
+class _Data:
+    """The teacher data used, its manifest, the train/validation rows (ids, prompt_len, top-K) and their cost."""
+    teacher: dict
+    tman: dict
+    train: list
+    val: list
+    topk_seconds: float                 # the target's top-K in this run
+    topk_all_seconds: float             # ... in this run and the earlier ones (cached)
+
+
+@dataclass
+class _Init:
+    """The layer-pruned initialisation: the candidates' figures, the chosen one, the seconds it took."""
+    candidates: list[dict]
+    best: dict
+    seconds: float
+
+
+_WHY = ("The tied 49152x576 embedding table is 113 MB in float32, above the 40 MB cap: the draft keeps the "
+        "target's table frozen and ships only its own layers, which draft_dir() completes into a normal HF "
+        "directory. 4 layers in float16 fit the cap (about 28 MB); the LM head (21% of a target forward) "
+        "dominates the draft's cost, so more layers change c little while raising acceptance; layer-pruned "
+        "init from the target converges far faster on a CPU than training from scratch.")
+
+
+def _logger(path: Path) -> Callable[[str], None]:
+    """A log function: each line time-stamped (UTC), to stderr and appended to `path`."""
+    logf = open(path, "a")
 
     def log(msg: str):
         line = f"[{datetime.datetime.now(datetime.timezone.utc):%H:%M:%S}] {msg}"
         print(line, file=sys.stderr, flush=True)
         logf.write(line + "\n")
         logf.flush()
+    return log
 
-    torch.manual_seed(seed)
-    t_start = time.perf_counter()
-    log(f"start: {COMMAND}, budget {budget_minutes} min, torch threads {torch.get_num_threads()}")
+
+def _prepare_data(teacher_answers: int | None, log):
+    """Steps 1-2: the target, the teacher data with its top-K soft labels, split by source: (target, _Data)."""
+    from speclab.train.teacher import load_teacher_data, teacher_manifest
+
     teacher = load_teacher_data()
     tman = teacher_manifest()
     if teacher_answers is not None:              # the first answers of the teacher data (its order is fixed)
@@ -279,9 +314,13 @@ def run(budget_minutes: float = 35.0, steps: int = 400, tokens_per_step: int = 5
     data = [r for r, v in zip(rows, is_val) if not v]
     val = [r for r, v in zip(rows, is_val) if v]
     log(f"{len(data)} training sequences ({sum(len(r[0]) for r in data)} tokens), {len(val)} validation")
+    return target, _Data(teacher, tman, data, val, topk_seconds, topk_all_seconds)
 
+
+def _layer_init(target, val: list, layers: tuple[int, ...] | None, log) -> _Init:
+    """Step 3: the layer subset to start from: the best of CANDIDATES on validation, or the given `layers`."""
     t1 = time.perf_counter()
-    init_file = wd / "init_candidates.json"
+    init_file = work_dir() / "init_candidates.json"
     if layers is None:
         init = []
         for cand in CANDIDATES:
@@ -293,56 +332,90 @@ def run(budget_minutes: float = 35.0, steps: int = 400, tokens_per_step: int = 5
         init = json.loads(init_file.read_text()) if init_file.is_file() else []
         best = {"layers": list(layers), **evaluate(new_draft(target, tuple(layers)), val)}
         log(f"init (given) {best}")
-    init_seconds = round(time.perf_counter() - t1, 1)
-    draft = new_draft(target, tuple(best["layers"]))
-    del target
-    fig = train(draft, data, val, steps=steps, budget_minutes=budget_minutes, tokens_per_step=tokens_per_step,
-                lr=lr, seed=seed, log=log)
-    final = evaluate(draft, val)
-    log(f"final validation {final}")
-    total = round(time.perf_counter() - t_start, 1)
-    manifest = {
+    return _Init(init, best, round(time.perf_counter() - t1, 1))
+
+
+def _architecture(draft) -> dict:
+    """The manifest's architecture: the shipped draft's shape and what it ships."""
+    return {"type": "LlamaForCausalLM", "num_hidden_layers": NUM_LAYERS, "hidden_size": 576,
+            "vocab_size": 49152, "tie_word_embeddings": True,
+            "embeddings": "the target's, frozen during training and not shipped: draft_dir() adds them",
+            "num_parameters_shipped": sum(v.numel() for k, v in draft.state_dict().items()
+                                          if not k.startswith(("model.embed_tokens", "lm_head"))),
+            "shipped_dtype": "float16 (materialized in float32)"}
+
+
+def _data_figures(d: _Data) -> dict:
+    """The manifest's data: the teacher set and how much of it trained and validated."""
+    tman, teacher = d.tman, d.teacher
+    return {"teacher": {k: tman[k] for k in ("name", "prompts", "counts", "tokens", "created", "command")},
+            "teacher_answers_used": len(teacher["ids"]),
+            "teacher_answers_used_greedy": sum(t == 0 for t in teacher["temperature"]),
+            "train_sequences": len(d.train), "val_sequences": len(d.val),
+            "train_tokens": sum(len(r[0]) for r in d.train),
+            "val_split": f"source (function, passage, question) hash % {VAL_EVERY} == 0"}
+
+
+def _training_figures(s: _Settings, d: _Data, init: _Init, fig: dict, final: dict, total: float) -> dict:
+    """The manifest's training: loss, optimiser and schedule, the loop's figures, timings and machine."""
+    return {"loss": f"cross-entropy from the target's renormalised top-{TOP_K} next-token distribution "
+                    f"(forward KL up to a constant, DistillSpec) at every response position and a random "
+                    f"{PROMPT_WEIGHT} share of prompt positions; validation on response positions",
+            "optimizer": "AdamW(betas 0.9/0.95, wd 0), grad clip 1.0", "lr": s.lr,
+            "schedule": "linear warmup 5%, cosine to 10%, progress = max(step/steps, elapsed/budget)",
+            "early_stopping": "the weights of the best validation loss are kept (kept_step)",
+            "max_steps": s.steps, "budget_minutes": s.budget_minutes, "tokens_per_step": s.tokens_per_step,
+            "seed": s.seed, "trainable": "decoder layers and final norm", **fig,
+            "target_topk_seconds_this_run": d.topk_seconds,
+            "target_topk_seconds_all_runs": d.topk_all_seconds, "final_validation": final,
+            "initial_validation": {k: init.best[k] for k in ("val_loss", "val_top1_agreement")},
+            "total_seconds": total,
+            "total_seconds_with_earlier_topk": round(total - d.topk_seconds + d.topk_all_seconds, 1),
+            "torch_threads": torch.get_num_threads(),
+            "machine": _machine()}
+
+
+def _manifest(draft, s: _Settings, d: _Data, init: _Init, fig: dict, final: dict, total: float) -> dict:
+    """Step 5's MANIFEST.json: architecture, why, init, data, training and the commands that reproduce it."""
+    tman = d.tman
+    return {
         "model": "speclab SmolLM2 draft: 4 decoder layers distilled from SmolLM2-135M-Instruct (Q4_1-dequantized)",
-        "architecture": {"type": "LlamaForCausalLM", "num_hidden_layers": NUM_LAYERS, "hidden_size": 576,
-                         "vocab_size": 49152, "tie_word_embeddings": True,
-                         "embeddings": "the target's, frozen during training and not shipped: draft_dir() adds them",
-                         "num_parameters_shipped": sum(v.numel() for k, v in draft.state_dict().items()
-                                                       if not k.startswith(("model.embed_tokens", "lm_head"))),
-                         "shipped_dtype": "float16 (materialized in float32)"},
-        "why": ("The tied 49152x576 embedding table is 113 MB in float32, above the 40 MB cap: the draft keeps the "
-                "target's table frozen and ships only its own layers, which draft_dir() completes into a normal HF "
-                "directory. 4 layers in float16 fit the cap (about 28 MB); the LM head (21% of a target forward) "
-                "dominates the draft's cost, so more layers change c little while raising acceptance; layer-pruned "
-                "init from the target converges far faster on a CPU than training from scratch."),
-        "init": {"candidates": init, "chosen_layers": best["layers"], "seconds": init_seconds,
-                 "selection": "lowest validation loss among the candidates" if layers is None else
+        "architecture": _architecture(draft),
+        "why": _WHY,
+        "init": {"candidates": init.candidates, "chosen_layers": init.best["layers"], "seconds": init.seconds,
+                 "selection": "lowest validation loss among the candidates" if s.layers is None else
                               "given by --layers (the candidates' figures are from the run that chose it)"},
-        "data": {"teacher": {k: tman[k] for k in ("name", "prompts", "counts", "tokens", "created", "command")},
-                 "teacher_answers_used": len(teacher["ids"]),
-                 "teacher_answers_used_greedy": sum(t == 0 for t in teacher["temperature"]),
-                 "train_sequences": len(data), "val_sequences": len(val),
-                 "train_tokens": sum(len(r[0]) for r in data),
-                 "val_split": f"source (function, passage, question) hash % {VAL_EVERY} == 0"},
-        "training": {"loss": f"cross-entropy from the target's renormalised top-{TOP_K} next-token distribution "
-                             f"(forward KL up to a constant, DistillSpec) at every response position and a random "
-                             f"{PROMPT_WEIGHT} share of prompt positions; validation on response positions",
-                     "optimizer": "AdamW(betas 0.9/0.95, wd 0), grad clip 1.0", "lr": lr,
-                     "schedule": "linear warmup 5%, cosine to 10%, progress = max(step/steps, elapsed/budget)",
-                     "early_stopping": "the weights of the best validation loss are kept (kept_step)",
-                     "max_steps": steps, "budget_minutes": budget_minutes, "tokens_per_step": tokens_per_step,
-                     "seed": seed, "trainable": "decoder layers and final norm", **fig,
-                     "target_topk_seconds_this_run": topk_seconds,
-                     "target_topk_seconds_all_runs": topk_all_seconds, "final_validation": final,
-                     "initial_validation": {k: best[k] for k in ("val_loss", "val_top1_agreement")},
-                     "total_seconds": total,
-                     "total_seconds_with_earlier_topk": round(total - topk_seconds + topk_all_seconds, 1),
-                     "torch_threads": torch.get_num_threads(),
-                     "machine": _machine()},
+        "data": _data_figures(d),
+        "training": _training_figures(s, d, init, fig, final, total),
         "reproduce": [f"{c}  (the teacher set's runs, in order)" for c in tman.get("commands", [tman["command"]])]
                      + [" ".join([COMMAND, *sys.argv[1:]]) if sys.argv[1:] else COMMAND],
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    save_shipped(draft, out, manifest)
+
+
+def run(budget_minutes: float = 35.0, steps: int = 400, tokens_per_step: int = 512, lr: float = 1e-3,
+        seed: int = 0, out: Path | None = None, evaluate_after: bool = True, teacher_answers: int | None = None,
+        layers: tuple[int, ...] | None = None) -> Path:
+    """The recipe of the module docstring: data, soft labels, layer-pruned init, distillation, ship, evaluate."""
+    from speclab.models.smollm2_draft import SHIPPED
+
+    s = _Settings(budget_minutes, steps, tokens_per_step, lr, seed, layers)
+    out = Path(out) if out is not None else SHIPPED
+    work_dir().mkdir(parents=True, exist_ok=True)
+    log = _logger(work_dir() / "train.log")
+    torch.manual_seed(seed)
+    t_start = time.perf_counter()
+    log(f"start: {COMMAND}, budget {budget_minutes} min, torch threads {torch.get_num_threads()}")
+    target, d = _prepare_data(teacher_answers, log)
+    init = _layer_init(target, d.val, layers, log)
+    draft = new_draft(target, tuple(init.best["layers"]))
+    del target
+    fig = train(draft, d.train, d.val, steps=steps, budget_minutes=budget_minutes, tokens_per_step=tokens_per_step,
+                lr=lr, seed=seed, log=log)
+    final = evaluate(draft, d.val)
+    log(f"final validation {final}")
+    total = round(time.perf_counter() - t_start, 1)
+    save_shipped(draft, out, _manifest(draft, s, d, init, fig, final, total))
     log(f"shipped {out}: {sum(p.stat().st_size for p in out.iterdir()) / 1e6:.1f} MB; total {total} s")
     if evaluate_after:
         from speclab.train.smollm2_draft_eval import evaluate_shipped

@@ -31,6 +31,7 @@ import os
 import platform
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -64,6 +65,133 @@ def _order(records: list[dict], salt: str) -> list[dict]:
     return sorted(records, key=lambda r: hashlib.sha256((salt + r["id"]).encode()).hexdigest())
 
 
+@dataclass
+class _Build:
+    """One build's settings, the answers so far, and what the earlier runs of a resumed build add up to."""
+    out: Path
+    num_conversations: int
+    max_tokens: int
+    max_num_seqs: int
+    command: str
+    t0: float                    # time.perf_counter() at the start of this run
+    data: dict = field(default_factory=lambda: {"token_ids": [], "prompt_lens": [], "ids": [], "temperature": []})
+    finished: int = 0            # answers that ended with the end token
+    tokens: int = 0              # response tokens
+    earlier: dict = field(default_factory=lambda: {"seconds": 0.0, "commands": []})
+
+
+def _answer_id(record: dict, seed: int | None) -> str:
+    """"<train prompt id>#greedy" or "<train prompt id>#t1s<seed>"."""
+    return f"{record['id']}#greedy" if seed is None else f"{record['id']}#t1s{seed}"
+
+
+def _jobs(records: list[dict], n_greedy: int | None, n_sample: int, sample_every: int) -> list[tuple]:
+    """(record, temperature, seed) per answer: greedy and T=1 interleaved, so a time budget keeps both kinds."""
+    n_greedy = len(records) if n_greedy is None else min(n_greedy, len(records))
+    jobs = []
+    for i, r in enumerate(records[:n_greedy]):
+        jobs.append((r, 0.0, None))
+        if i % sample_every == 0 and i // sample_every < n_sample:
+            jobs.append((r, 1.0, i))
+    return jobs
+
+
+def _command() -> str:
+    """The command line of this run, as the manifest records it."""
+    return COMMAND + (" " + " ".join(sys.argv[1:]) if __name__ == "__main__" and sys.argv[1:] else "")
+
+
+def _resume(b: _Build, jobs: list[tuple]) -> list[tuple]:
+    """Load an earlier run's answers and totals from b.out into `b`; return the jobs still to do."""
+    from speclab.data.train_prompts import train_prompts_version
+
+    out = b.out
+    old = json.loads((out / "MANIFEST.json").read_text()) if (out / "MANIFEST.json").is_file() else None
+    if old is None or old["prompts"]["version"] != train_prompts_version() or old["max_tokens"] != b.max_tokens:
+        raise ValueError(f"cannot resume {out}: it is incomplete or was built with other prompts or max_tokens; "
+                         f"run without --resume to rebuild it")
+    b.data = torch.load(out / "teacher.pt", weights_only=True)
+    b.finished, b.tokens = old["counts"]["finished_with_end_token"], old["tokens"]["response"]
+    b.earlier = {"seconds": old["seconds"], "commands": old.get("commands", [old["command"]])}
+    done = set(b.data["ids"])
+    return [j for j in jobs if _answer_id(j[0], j[2]) not in done]
+
+
+def _generate(b: _Build, llm, jobs: list[tuple], budget_minutes: float | None, verbose: bool) -> bool:
+    """Answer the jobs CHUNK at a time, saving after each chunk; True if the time budget stopped it early."""
+    for start in range(0, len(jobs), CHUNK):
+        if budget_minutes is not None and start > 0 and time.perf_counter() - b.t0 > 60 * budget_minutes:
+            return True
+        _answer_chunk(b, llm, jobs[start:start + CHUNK], verbose)
+        _save(b, False, False)              # a killed run keeps every finished chunk (resume with --resume)
+        if verbose:
+            el = time.perf_counter() - b.t0
+            print(f"[teacher] {len(b.data['ids'])} answers ({min(start + CHUNK, len(jobs))}/{len(jobs)} of this run), "
+                  f"{b.tokens} response tokens, {el:.0f} s this run", file=sys.stderr, flush=True)
+    return False
+
+
+def _answer_chunk(b: _Build, llm, chunk: list[tuple], verbose: bool) -> None:
+    """One LLM.chat call over the chunk's conversations; append prompt + response ids to b.data."""
+    from speclab.chat import chat_prompt_ids
+    from speclab.sampling_params import SamplingParams
+
+    params = [SamplingParams(temperature=t, seed=s, max_tokens=b.max_tokens) for _, t, s in chunk]
+    outs = llm.chat([r["messages"] for r, _, _ in chunk], params, use_tqdm=verbose)
+    for (r, t, s), o in zip(chunk, outs):
+        prompt = chat_prompt_ids(llm.tokenizer, r["messages"])
+        assert list(o.prompt_token_ids) == prompt
+        resp = list(o.outputs[0].token_ids)
+        b.data["token_ids"].append(prompt + resp)
+        b.data["prompt_lens"].append(len(prompt))
+        b.data["ids"].append(_answer_id(r, s))
+        b.data["temperature"].append(float(t))
+        b.finished += o.outputs[0].finish_reason == "stop"
+        b.tokens += len(resp)
+
+
+def _save(b: _Build, stopped_early: bool, run_finished: bool) -> float:
+    """Write teacher.pt, then MANIFEST.json, each atomically (a consistent set); return all runs' seconds."""
+    out = b.out
+    (out / "MANIFEST.json").unlink(missing_ok=True)          # absent while teacher.pt changes
+    torch.save(b.data, out / "teacher.pt.tmp")
+    os.replace(out / "teacher.pt.tmp", out / "teacher.pt")
+    seconds = time.perf_counter() - b.t0 + b.earlier["seconds"]
+    manifest = _manifest(b, seconds, stopped_early, run_finished)
+    (out / "MANIFEST.json.tmp").write_text(json.dumps(manifest, indent=1) + "\n")
+    os.replace(out / "MANIFEST.json.tmp", out / "MANIFEST.json")
+    return seconds
+
+
+def _manifest(b: _Build, seconds: float, stopped_early: bool, run_finished: bool) -> dict:
+    """MANIFEST.json's contents: model, prompts, counts, tokens, settings, timing, commands and machine."""
+    from speclab.data.train_prompts import train_prompts_version
+
+    data = b.data
+    return {
+        "name": NAME,
+        "model": "SmolLM2-135M-Instruct, Q4_1-dequantized (speclab.models.smollm2), float32, speclab engine",
+        "prompts": {"source": "speclab/data/train_prompts.json", "version": train_prompts_version(),
+                    "num_conversations": b.num_conversations},
+        "counts": {"answers": len(data["ids"]), "greedy": sum(t == 0 for t in data["temperature"]),
+                   "t1": sum(t == 1 for t in data["temperature"]), "finished_with_end_token": b.finished,
+                   "stopped_by_budget": stopped_early, "run_finished": run_finished},
+        "tokens": {"prompt": sum(data["prompt_lens"]), "response": b.tokens},
+        "max_tokens": b.max_tokens,
+        "max_num_seqs": b.max_num_seqs,
+        "seconds": round(seconds, 1),
+        "response_tokens_per_second": round(b.tokens / seconds, 1),
+        "command": b.command,
+        "commands": b.earlier["commands"] + [b.command],
+        "machine": {"platform": platform.platform(), "processor": _cpu_name(), "cpus": os.cpu_count(),
+                    "torch_threads": torch.get_num_threads(),
+                    "load_average_1min_at_save": round(os.getloadavg()[0], 2)},
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "format": {"teacher.pt": "dict: token_ids list[list[int]] (prompt + response), prompt_lens list[int], "
+                                 "ids list[str], temperature list[float]"},
+    }
+
+
 def build_teacher_data(n_greedy: int | None = None, n_sample: int = 128, max_tokens: int = 256,
                        max_num_seqs: int = 32, budget_minutes: float | None = None,
                        out: str | Path | None = None, verbose: bool = True, resume: bool = False,
@@ -82,96 +210,22 @@ def build_teacher_data(n_greedy: int | None = None, n_sample: int = 128, max_tok
         resume: keep the answers of an earlier run in `out` (same prompts version and settings) and
             generate only the missing ones; seconds and the command add up.
     """
-    from speclab.data.train_prompts import load_train_prompts, train_prompts_version
+    from speclab.data.train_prompts import load_train_prompts
     from speclab.llm import LLM
-    from speclab.sampling_params import SamplingParams
-    from speclab.chat import chat_prompt_ids
 
     t0 = time.perf_counter()
     out = Path(out) if out is not None else teacher_dir()
     records = _order(load_train_prompts(), "teacher")
-    n_greedy = len(records) if n_greedy is None else min(n_greedy, len(records))
-    jobs = []                # greedy and T=1 interleaved, so a time budget keeps both kinds
-    for i, r in enumerate(records[:n_greedy]):
-        jobs.append((r, 0.0, None))
-        if i % sample_every == 0 and i // sample_every < n_sample:
-            jobs.append((r, 1.0, i))
+    jobs = _jobs(records, n_greedy, n_sample, sample_every)
     llm = LLM(model="smollm2", max_num_seqs=max_num_seqs, kv_cache_gb=2.0, dtype=torch.float32)
-    tok = llm.tokenizer
-    data = {"token_ids": [], "prompt_lens": [], "ids": [], "temperature": []}
-    finished = tokens = 0
-    earlier = {"seconds": 0.0, "commands": []}
+    b = _Build(out, len(records), max_tokens, max_num_seqs, _command(), t0)
     if resume and (out / "teacher.pt").is_file():
-        old = json.loads((out / "MANIFEST.json").read_text()) if (out / "MANIFEST.json").is_file() else None
-        if old is None or old["prompts"]["version"] != train_prompts_version() or old["max_tokens"] != max_tokens:
-            raise ValueError(f"cannot resume {out}: it is incomplete or was built with other prompts or max_tokens; "
-                             f"run without --resume to rebuild it")
-        data = torch.load(out / "teacher.pt", weights_only=True)
-        finished, tokens = old["counts"]["finished_with_end_token"], old["tokens"]["response"]
-        earlier = {"seconds": old["seconds"], "commands": old.get("commands", [old["command"]])}
-        done = set(data["ids"])
-        jobs = [j for j in jobs if (f"{j[0]['id']}#greedy" if j[2] is None else f"{j[0]['id']}#t1s{j[2]}") not in done]
+        jobs = _resume(b, jobs)
     out.mkdir(parents=True, exist_ok=True)
-    command = COMMAND + (" " + " ".join(sys.argv[1:]) if __name__ == "__main__" and sys.argv[1:] else "")
-
-    def save(stopped_early: bool, run_finished: bool) -> float:
-        """teacher.pt, then MANIFEST.json, each replaced atomically: after every chunk, a consistent set."""
-        (out / "MANIFEST.json").unlink(missing_ok=True)          # absent while teacher.pt changes
-        torch.save(data, out / "teacher.pt.tmp")
-        os.replace(out / "teacher.pt.tmp", out / "teacher.pt")
-        seconds = time.perf_counter() - t0 + earlier["seconds"]
-        manifest = {
-            "name": NAME,
-            "model": "SmolLM2-135M-Instruct, Q4_1-dequantized (speclab.models.smollm2), float32, speclab engine",
-            "prompts": {"source": "speclab/data/train_prompts.json", "version": train_prompts_version(),
-                        "num_conversations": len(records)},
-            "counts": {"answers": len(data["ids"]), "greedy": sum(t == 0 for t in data["temperature"]),
-                       "t1": sum(t == 1 for t in data["temperature"]), "finished_with_end_token": finished,
-                       "stopped_by_budget": stopped_early, "run_finished": run_finished},
-            "tokens": {"prompt": sum(data["prompt_lens"]), "response": tokens},
-            "max_tokens": max_tokens,
-            "max_num_seqs": max_num_seqs,
-            "seconds": round(seconds, 1),
-            "response_tokens_per_second": round(tokens / seconds, 1),
-            "command": command,
-            "commands": earlier["commands"] + [command],
-            "machine": {"platform": platform.platform(), "processor": _cpu_name(), "cpus": os.cpu_count(),
-                        "torch_threads": torch.get_num_threads(),
-                        "load_average_1min_at_save": round(os.getloadavg()[0], 2)},
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "format": {"teacher.pt": "dict: token_ids list[list[int]] (prompt + response), prompt_lens list[int], "
-                                     "ids list[str], temperature list[float]"},
-        }
-        (out / "MANIFEST.json.tmp").write_text(json.dumps(manifest, indent=1) + "\n")
-        os.replace(out / "MANIFEST.json.tmp", out / "MANIFEST.json")
-        return seconds
-
-    stopped_early = False
-    for start in range(0, len(jobs), CHUNK):
-        if budget_minutes is not None and start > 0 and time.perf_counter() - t0 > 60 * budget_minutes:
-            stopped_early = True
-            break
-        chunk = jobs[start:start + CHUNK]
-        params = [SamplingParams(temperature=t, seed=s, max_tokens=max_tokens) for _, t, s in chunk]
-        outs = llm.chat([r["messages"] for r, _, _ in chunk], params, use_tqdm=verbose)
-        for (r, t, s), o in zip(chunk, outs):
-            prompt = chat_prompt_ids(tok, r["messages"])
-            assert list(o.prompt_token_ids) == prompt
-            resp = list(o.outputs[0].token_ids)
-            data["token_ids"].append(prompt + resp)
-            data["prompt_lens"].append(len(prompt))
-            data["ids"].append(f"{r['id']}#greedy" if s is None else f"{r['id']}#t1s{s}")
-            data["temperature"].append(float(t))
-            finished += o.outputs[0].finish_reason == "stop"
-            tokens += len(resp)
-        save(False, False)                  # a killed run keeps every finished chunk (resume with --resume)
-        if verbose:
-            el = time.perf_counter() - t0
-            print(f"[teacher] {len(data['ids'])} answers ({min(start + CHUNK, len(jobs))}/{len(jobs)} of this run), "
-                  f"{tokens} response tokens, {el:.0f} s this run", file=sys.stderr, flush=True)
-    seconds = save(stopped_early, True)
+    stopped_early = _generate(b, llm, jobs, budget_minutes, verbose)
+    seconds = _save(b, stopped_early, True)
     if verbose:
-        print(f"[teacher] wrote {out}: {len(data['ids'])} answers, {tokens} tokens, {seconds:.0f} s",
+        print(f"[teacher] wrote {out}: {len(b.data['ids'])} answers, {b.tokens} tokens, {seconds:.0f} s",
               file=sys.stderr, flush=True)
     return out
 
