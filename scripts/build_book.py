@@ -60,20 +60,41 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores"
 
 
+def kernel_peak_mib(client) -> float | None:
+    """The kernel process's peak resident memory (Linux's VmHWM), read before it shuts down."""
+    try:
+        pid = client.km.provisioner.pid
+        status = Path(f"/proc/{pid}/status").read_text()
+        return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024
+    except (AttributeError, OSError, TypeError):
+        return None
+
+
 def execute(path: Path, out_dir: Path, timeout: int = 900):
-    """Run one lesson top to bottom with its folder as the working directory; returns (notebook, seconds)."""
+    """Run one lesson top to bottom with its folder as the working directory; returns (notebook, seconds).
+    The run's time and the kernel's peak memory go into the notebook's metadata (speclab_book)."""
     import nbformat
     from nbclient import NotebookClient
+
+    class Measured(NotebookClient):
+        peak_mib = None
+
+        def set_widgets_metadata(self):  # called once every cell has run, while the kernel is still up
+            self.peak_mib = kernel_peak_mib(self)
+            super().set_widgets_metadata()
 
     os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     nb = nbformat.read(path, as_version=4)
     start = time.perf_counter()
-    NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    client = Measured(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
+    client.execute()
     seconds = time.perf_counter() - start
     out_dir.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     nb.metadata["speclab_book"] = {"seconds": round(seconds, 1), "machine": machine(),
+                                   "peak_mib": client.peak_mib and round(client.peak_mib),
+                                   "load_average": load and round(load, 1),
                                    "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     nbformat.write(nb, out_dir / path.name)
     return nb, seconds
@@ -110,10 +131,11 @@ def to_html(nb, exporter) -> str:
 def index_page(entries, built: str) -> str:
     paths = "".join(f"<li><b>{html.escape(n)}</b> ({html.escape(t)}): {html.escape(d)}</li>" for n, t, d in PATHS)
     rows = []
-    for name, title, seconds in entries:
+    for name, title, seconds, peak in entries:
         link = f'<a href="{name}.html">{html.escape(title)}</a>' if seconds is not None else html.escape(title)
         took = f"{seconds:.0f} s" if isinstance(seconds, (int, float)) and seconds >= 0 else ("not run" if seconds else "")
-        rows.append(f"<tr><td>{html.escape(name[:2])}</td><td>{link}</td><td>{took}</td></tr>")
+        mem = f"{peak / 1024:.1f} GB" if peak else ""
+        rows.append(f"<tr><td>{html.escape(name[:2])}</td><td>{link}</td><td>{took}</td><td>{mem}</td></tr>")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>speclab: speculative decoding, from the math to the kernel</title>
 <style>body{{font-family:sans-serif;max-width:52em;margin:2em auto;line-height:1.5;padding:0 1em}}
@@ -124,14 +146,14 @@ top to bottom on {html.escape(built)}; its outputs, figures and math are part of
 fetched from the network.</p>
 <h2>Start here: three paths</h2><ul>{paths}</ul>
 <h2>Lessons</h2>
-<table><tr><th>#</th><th>lesson</th><th>run time</th></tr>{''.join(rows)}</table>
+<table><tr><th>#</th><th>lesson</th><th>run time</th><th>peak memory</th></tr>{''.join(rows)}</table>
 <p>Exercises: <code>exercises/exNN_*.py</code>, graded by <code>pytest --impl=exercises tests/test_exNN_*.py</code>;
 answer keys in <code>solutions/answers/</code>.</p>
 </body></html>
 """
 
 
-def build(out: Path, lessons: list[str] | None, execute_notebooks: bool) -> list[tuple[str, str, float | None]]:
+def build(out: Path, lessons: list[str] | None, execute_notebooks: bool) -> list[tuple]:
     import nbformat
     from nbconvert import HTMLExporter
     import jupyter_server_mathjax
@@ -149,7 +171,7 @@ def build(out: Path, lessons: list[str] | None, execute_notebooks: bool) -> list
         known = sorted(p.name[:2] for p in all_nbs)
         raise SystemExit(f"unknown lesson in {lessons}: the lessons are {known}")
     pages = [(p.stem + ".html", title_of(nbformat.read(p, as_version=4))) for p in chosen]
-    entries = {p.stem: (p.stem, title_of(nbformat.read(p, as_version=4)), None) for p in all_nbs}
+    entries = {p.stem: (p.stem, title_of(nbformat.read(p, as_version=4)), None, None) for p in all_nbs}
     for i, path in enumerate(chosen):
         if execute_notebooks:
             nb, seconds = execute(path, out / "executed")
@@ -158,8 +180,10 @@ def build(out: Path, lessons: list[str] | None, execute_notebooks: bool) -> list
         body = to_html(nb, exporter).replace("<body", "<body", 1)
         body = re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + nav(pages, i), body, count=1)
         (out / f"{path.stem}.html").write_text(body)
-        entries[path.stem] = (path.stem, title_of(nb), seconds)
-        print(f"  {path.stem}.html" + (f"  (executed in {seconds:.1f} s)" if seconds >= 0 else "  (not executed)"),
+        entries[path.stem] = (path.stem, title_of(nb), seconds, nb.metadata.get("speclab_book", {}).get("peak_mib"))
+        meta = nb.metadata.get("speclab_book", {})
+        print(f"  {path.stem}.html" + (f"  (executed in {seconds:.1f} s, kernel peak {meta.get('peak_mib')} MiB, "
+                                       f"load average {meta.get('load_average')})" if seconds >= 0 else "  (not executed)"),
               flush=True)
     built = f"{machine()}, {datetime.now(timezone.utc):%Y-%m-%d}"
     (out / "index.html").write_text(index_page(list(entries.values()), built))

@@ -48,8 +48,9 @@ def stamp(png: bytes, note: str) -> bytes:
     img = Image.open(io.BytesIO(png)).convert("RGB")
     if img.width > MAX_WIDTH:
         img = img.resize((MAX_WIDTH, round(img.height * MAX_WIDTH / img.width)), Image.LANCZOS)
-    out = Image.new("RGB", (img.width, img.height + 18), "white")
-    out.paste(img, (0, 0))
+    width = max(img.width, int(ImageDraw.Draw(img).textlength(note)) + 8)  # a narrow figure still shows the note
+    out = Image.new("RGB", (width, img.height + 18), "white")
+    out.paste(img, ((width - img.width) // 2, 0))
     ImageDraw.Draw(out).text((4, img.height + 3), note, fill=(90, 90, 90))
     buf = io.BytesIO()
     out.quantize(colors=128).save(buf, format="PNG", optimize=True)
