@@ -67,8 +67,11 @@ def _chrome():
 def served(tmp_path):
     """Lesson 11 built executed and served on 127.0.0.1 (MathJax's fonts are refused over file://)."""
     build(tmp_path, "--lessons", LESSON)
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
-    handler.log_message = lambda *a: None
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(tmp_path))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}", tmp_path
