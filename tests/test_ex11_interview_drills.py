@@ -412,9 +412,9 @@ def check_k_table(m) -> str | None:
         if any(a[2] == b[2] for a, b in zip(got, got[1:])):
             return f"k_table [{what}]: merge adjacent ranges with the same k (want {want}); got {got}"
         sched = BatchSizeSchedule(k_max, got)
-        wrong = next(b for b in range(1, max_b + 1) if sched.num_drafts(b) != best[b])
+        wrong = next(b for b in range(1, max_b + 1) if sched.choose(b) != best[b])
         return (f"k_table [{what}]: at batch size {wrong} the best k is {best[wrong]}, the table says "
-                f"{sched.num_drafts(wrong)} (want {want}, got {got}); price a step of B requests at "
+                f"{sched.choose(wrong)} (want {want}, got {got}); price a step of B requests at "
                 f"target_seconds(B * (k + 1)) + k * draft_seconds(B), and take the smallest k on ties")
     return None
 
