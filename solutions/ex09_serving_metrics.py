@@ -16,7 +16,9 @@ def parse_spec_counters(text: str) -> dict:
 
     Returns {"num_drafts": x, "num_draft_tokens": x, "num_accepted_tokens": x,
              "num_accepted_tokens_per_pos": {position (int): x}} (floats; missing counters are 0).
-    Comment lines (# HELP, # TYPE) and other metrics are skipped; labels other than `position` are ignored.
+    Comment lines (# HELP, # TYPE), other metrics and the `_created` samples (the time each counter was
+    created, which prometheus_client exports beside `_total`) are skipped; a counter exported by several
+    engines (one series per `engine` label) is summed over them; labels other than `position` are ignored.
     """
     out = {"num_drafts": 0.0, "num_draft_tokens": 0.0, "num_accepted_tokens": 0.0, "num_accepted_tokens_per_pos": {}}
     for line in text.splitlines():
@@ -57,9 +59,12 @@ def acceptance_between(before: dict, after: dict) -> dict:
 
 
 def k_for_batch_size(table: list[tuple[int, int, int]], batch_size: int, k_max: int) -> int:
-    """vLLM's num_speculative_tokens_per_batch_size: inclusive (start, end, k) ranges, sorted; a batch
-    size in a gap takes the k of the range below it, one below the first range takes k_max; the
-    result never exceeds k_max."""
+    """vLLM's num_speculative_tokens_per_batch_size: inclusive (start, end, k) ranges, sorted. As vLLM
+    does: a table whose first range does not start at 1 is refused (ValueError naming the fix); a batch
+    size in a gap or past the last range takes the k of the range below it; a k above k_max is clamped
+    to k_max."""
+    if not table or table[0][0] != 1:
+        raise ValueError(f"the table must start at batch size 1 (vLLM refuses it otherwise), got {table}")
     k = k_max
     for start, _end, k_range in table:
         if batch_size < start:

@@ -210,7 +210,7 @@ def real_demo(num_prompts: int = 2, max_tokens: int = 64, repeats: int = 2, thre
             m = llms[name].engine.stats
             print(f"{'':<9}{name:<18}{statistics.median(tps[name]):>7.1f}{speedup_text(ratios[name]):>28}"
                   f"{m.acceptance_rate:>13.2f}{m.mean_acceptance_length:>17.2f}{str(same[name]):>20}")
-            results.append((kind, name, statistics.median(ratios[name]), m.mean_acceptance_length))
+            results.append((kind, name, statistics.median(ratios[name]), m.mean_acceptance_length, ratios[name]))
     print("\nspeedup: tokens/s over plain decoding of the same prompts, per repeat; 'not reproduced' when the repeats "
           "disagree on whether speculation helped.\nmean accept len: tokens per target forward when a draft was "
           "verified (vLLM's 1 + accepted / drafts). Acceptance is deterministic here (greedy); speedups move with\n"
@@ -221,7 +221,9 @@ def real_demo(num_prompts: int = 2, max_tokens: int = 64, repeats: int = 2, thre
 
 
 def save_real_plot(results, path="figures/demo.png") -> None:
-    """Speedup and mean acceptance length per prompt set, one bar per speculative method."""
+    """Speedup and mean acceptance length per prompt set, one bar per speculative method. A result may carry
+    its per-repeat speedups as a fifth element: the bar then shows their range, and a speedup whose repeats
+    fall on both sides of 1.0 is hatched and labelled "not reproduced", as the printed table says."""
     import os
 
     import matplotlib
@@ -232,22 +234,44 @@ def save_real_plot(results, path="figures/demo.png") -> None:
     methods = list(dict.fromkeys(r[1] for r in results))
     value = {(r[0], r[1]): r[2:] for r in results}
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    from matplotlib.patches import Patch
+
     width = 0.8 / len(methods)
+    handles = []
     for j, name in enumerate(methods):
         x = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(sets))]
-        for ax, v in zip(axes, (0, 1)):
-            ax.bar(x, [value[s, name][v] for s in sets], width, label=name)
+        bars = axes[0].bar(x, [value[s, name][0] for s in sets], width, label=name)
+        handles.append(Patch(facecolor=bars.patches[0].get_facecolor(), label=name))  # before any hatching
+        axes[1].bar(x, [value[s, name][1] for s in sets], width, label=name)
+        for bar, s in zip(bars, sets):
+            mark_reproduction(axes[0], bar, value[s, name][2] if len(value[s, name]) > 2 else None)
     axes[0].axhline(1, c="k", lw=0.8)
     axes[0].set_ylabel("speedup over plain decoding")
     axes[1].set_ylabel("mean acceptance length")
     for ax in axes:
         ax.set_xticks(range(len(sets)), sets)
-        ax.legend(fontsize=8)
-    fig.suptitle("SmolLM2-135M-Instruct (Q4_1-dequantized), greedy, batch 1", fontsize=10)
+    axes[0].legend(handles=handles + [Patch(facecolor="white", edgecolor="k", hatch="//", label="not reproduced")],
+                   fontsize=8)
+    axes[1].legend(fontsize=8)
+    fig.suptitle("SmolLM2-135M-Instruct (Q4_1-dequantized), greedy, batch 1; lines: range over the repeats",
+                 fontsize=10)
     fig.tight_layout()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fig.savefig(path, dpi=120)
     print(f"plot saved to {path}")
+
+
+def mark_reproduction(ax, bar, ratios) -> None:
+    """Draw the range of a bar's per-repeat speedups; hatch and label it when they straddle 1.0."""
+    if not ratios:
+        return
+    lo, hi = min(ratios), max(ratios)
+    x = bar.get_x() + bar.get_width() / 2
+    ax.plot([x, x], [lo, hi], c="k", lw=1)
+    if lo < 1.0 < hi:
+        bar.set_hatch("//")
+        bar.set_alpha(0.45)
+        ax.text(x, hi, "not\nreproduced", ha="center", va="bottom", fontsize=6)
 
 
 def embedded_demo(num_prompts: int = 6, max_tokens: int = 64, k: int = 4, repeats: int = 3, threads: int = 1) -> None:
@@ -294,7 +318,7 @@ def embedded_demo(num_prompts: int = 6, max_tokens: int = 64, k: int = 4, repeat
                   f"{'1.00':>17}{'True':>20}")
         print(f"{name:<18}{kind:<8}{statistics.median(spec_tps):>8.1f}{speedup_text(ratios):>28}"
               f"{m.acceptance_rate:>13.2f}{m.mean_acceptance_length:>17.2f}{str(same):>20}")
-        results.append((f"{name}\n({kind} prompts)", statistics.median(ratios), m.acceptance_per_pos()))
+        results.append((f"{name}\n({kind} prompts)", statistics.median(ratios), m.acceptance_per_pos(), ratios))
     print("\nspeedup: tokens/s over plain decoding of the same prompts, per repeat; 'not reproduced' when the repeats "
           "disagree on whether speculation helped.\nOn this 10M-parameter target a forward is mostly per-operation "
           "overhead rather than weight reads, and every draft step pays it too: lessons 03-04 show the time breakdown.")
@@ -309,10 +333,12 @@ def save_plot(results, path="figures/demo.png") -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
-    a.bar([r[0] for r in results], [r[1] for r in results], color=["0.6", "tab:blue", "tab:orange"])
+    bars = a.bar([r[0] for r in results], [r[1] for r in results], color=["0.6", "tab:blue", "tab:orange"])
+    for bar, r in zip(bars, results):
+        mark_reproduction(a, bar, r[3] if len(r) > 3 else None)
     a.axhline(1, c="k", lw=0.8)
     a.set_ylabel("speedup over plain decoding")
-    for name, _, per_pos in results[1:]:
+    for name, _, per_pos, *_ in results[1:]:
         b.plot(range(1, len(per_pos) + 1), per_pos, marker="o", label=name.split("\n")[0])
     b.set_xlabel("draft position"); b.set_ylabel("fraction of drafts accepted"); b.set_ylim(0, 1); b.legend()
     fig.tight_layout()

@@ -147,7 +147,8 @@ class SpeculativeConfig:
 
 
 def parse_batch_size_table(table, k_max: int) -> list[tuple[int, int, int]]:
-    """{"1-16": 3, "17-64": 0} or [[1, 16, 3], [17, 64, 0]] -> [(1, 16, 3), (17, 64, 0)], checked."""
+    """{"1-16": 3, "17-64": 0} or [[1, 16, 3], [17, 64, 0]] -> [(1, 16, 3), (17, 64, 0)], checked as vLLM
+    checks it: the first range starts at 1, ranges do not overlap, and a k above k_max is clamped to k_max."""
     fix = ('num_speculative_tokens_per_batch_size maps inclusive batch-size ranges to k, e.g. '
            '{"1-16": 4, "17-64": 2, "65-4096": 0} or [[1, 16, 4], [17, 64, 2], [65, 4096, 0]]')
     if isinstance(table, dict):
@@ -170,11 +171,14 @@ def parse_batch_size_table(table, k_max: int) -> list[tuple[int, int, int]]:
             raise ValueError(f"range {start}-{end} -> {k!r}: bounds and k must be integers; {fix}")
         if not 1 <= start <= end:
             raise ValueError(f"range {start}-{end}: need 1 <= start <= end; {fix}")
-        if not 0 <= k <= k_max:
-            raise ValueError(f"range {start}-{end} -> k={k}: k must be in [0, num_speculative_tokens={k_max}] "
-                             f"(num_speculative_tokens is the maximum, 0 turns speculation off)")
+        if k < 0:
+            raise ValueError(f"range {start}-{end} -> k={k}: k must be >= 0 (0 turns speculation off); {fix}")
     rows.sort()
+    if rows[0][0] != 1:
+        raise ValueError(f"the first range starts at {rows[0][0]}: vLLM requires the table to start at batch "
+                         f"size 1 (write {{\"1-{rows[0][1]}\": {rows[0][2]}, ...}}); {fix}")
     for (s0, e0, _), (s1, e1, _) in zip(rows, rows[1:]):
         if s1 <= e0:
             raise ValueError(f"ranges {s0}-{e0} and {s1}-{e1} overlap: each batch size must have one k")
-    return rows
+    # As vLLM does, a k above num_speculative_tokens (the maximum, whose slots are allocated) is clamped to it.
+    return [(start, end, min(k, k_max)) for start, end, k in rows]

@@ -20,8 +20,13 @@ def test_table_from_json_object_or_list():
     assert cfg.num_speculative_tokens_per_batch_size == [(1, 8, 4), (9, 99, 0)]
 
 
+def test_table_as_vllm_reads_it_k_above_the_maximum_is_clamped():
+    assert parse_batch_size_table({"1-16": 5, "17-64": 2}, 4) == [(1, 16, 4), (17, 64, 2)]
+
+
 @pytest.mark.parametrize("table, needle", [
-    ({"1-16": 5}, "k must be in [0, num_speculative_tokens=4]"),
+    ({"1-16": -1}, "k must be >= 0"),
+    ({"2-16": 3, "17-64": 0}, "start at batch size 1"),
     ({"1-16": 2, "10-20": 0}, "overlap"),
     ({"16": 2}, "not 'start-end'"),
     ({"8-4": 2}, "start <= end"),

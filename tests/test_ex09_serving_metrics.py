@@ -6,6 +6,7 @@ import random
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
 from speclab.engine.spec_policy import BatchSizeSchedule
 from speclab.metrics import SpecDecodingStats
@@ -21,6 +22,34 @@ def scrape(stats: SpecDecodingStats) -> str:
     reg = CollectorRegistry()
     Counter("speclab:generation_tokens", "Generated tokens.", ["model_name"], registry=reg).labels("m").inc(99)
     reg.register(SpecDecodeCollector(stats, {"model_name": "m", "engine": "0"}))
+    return generate_latest(reg).decode()
+
+
+class TwoEngines:
+    """A data-parallel server's scrape as vLLM exports it: one series per engine, and prometheus_client's
+    `_created` sample (a Unix timestamp) beside every `_total`."""
+
+    def __init__(self, *stats):
+        self.stats = stats
+
+    def collect(self):
+        def fam(name, doc, value_of, labels=("model_name", "engine")):
+            f = CounterMetricFamily(f"speclab:spec_decode_{name}", doc, labels=list(labels))
+            for e, s in enumerate(self.stats):
+                for extra, v in value_of(s):
+                    f.add_metric(["m", str(e)] + extra, v, created=1.7e9 + e)
+            return f
+        yield fam("num_drafts", "Drafts.", lambda s: [([], s.num_drafts)])
+        yield fam("num_draft_tokens", "Draft tokens.", lambda s: [([], s.num_draft_tokens)])
+        yield fam("num_accepted_tokens", "Accepted tokens.", lambda s: [([], s.num_accepted_tokens)])
+        yield fam("num_accepted_tokens_per_pos", "Accepted per position.",
+                  lambda s: [([str(i)], n) for i, n in enumerate(s.num_accepted_tokens_per_pos)],
+                  ("model_name", "engine", "position"))
+
+
+def scrape_two_engines(a: SpecDecodingStats, b: SpecDecodingStats) -> str:
+    reg = CollectorRegistry()
+    reg.register(TwoEngines(a, b))
     return generate_latest(reg).decode()
 
 
@@ -47,6 +76,20 @@ def check_parse(m) -> str | None:
         return (f"parse_spec_counters on a scrape of 5 drafts (17 draft tokens, 10 accepted): want {want}, got {got}. "
                 f"Counters appear as `speclab:spec_decode_num_drafts_total{{engine=\"0\",model_name=\"m\"}} 5.0`; "
                 f"the key drops the prefix and the `_total` suffix, per-position lines carry position=\"i\"")
+    a, b = stats_after(STEPS_1), stats_after([(4, 4), (4, 1)])
+    two = m.parse_spec_counters(scrape_two_engines(a, b))
+    want2 = {"num_drafts": 7.0, "num_draft_tokens": 25.0, "num_accepted_tokens": 15.0,
+             "num_accepted_tokens_per_pos": {0: 6.0, 1: 4.0, 2: 3.0, 3: 2.0}}
+    if two != want2:
+        created = any(v > 1e8 for v in [two.get(k, 0) for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")]
+                      + list(two.get("num_accepted_tokens_per_pos", {}).values()))
+        only_last = two.get("num_drafts") == 2.0 or two.get("num_accepted_tokens") == 5.0
+        why = ("it counted the `_created` samples (Unix timestamps of when each counter was created, exported "
+               "beside `_total`): keep only the `_total` series" if created else
+               "it overwrote a counter with the last series it saw: a counter exported by two engines is the "
+               "sum of its series (engine=\"0\" and engine=\"1\")" if only_last else
+               "sum each counter over its series and skip the `_created` samples")
+        return f"parse_spec_counters on a two-engine scrape: want {want2}, got {two}; {why}"
     empty = m.parse_spec_counters("# HELP x y\nspeclab:generation_tokens_total 3.0\n")
     if empty != {"num_drafts": 0.0, "num_draft_tokens": 0.0, "num_accepted_tokens": 0.0,
                  "num_accepted_tokens_per_pos": {}}:
@@ -85,11 +128,18 @@ def check_acceptance(m) -> str | None:
     return None
 
 
-TABLES = [[(1, 16, 3), (17, 64, 2), (65, 4096, 0)], [(2, 4, 3), (8, 16, 1), (32, 64, 0)], [(1, 1, 5), (3, 3, 0)],
-          [(4, 8, 0), (9, 9, 2)]]
+TABLES = [[(1, 16, 3), (17, 64, 2), (65, 4096, 0)], [(1, 4, 3), (8, 16, 1), (32, 64, 0)], [(1, 1, 5), (3, 3, 0)],
+          [(1, 8, 0), (9, 9, 2)], [(1, 2, 7), (3, 10, 1)]]
 
 
 def check_table(m) -> str | None:
+    for table in ([(2, 4, 3), (8, 16, 1)], [(4, 8, 0), (9, 9, 2)]):
+        try:
+            got = m.k_for_batch_size(table, 5, 4)
+        except ValueError:
+            continue
+        return (f"table {table} does not start at batch size 1: vLLM refuses it (ValueError), but "
+                f"k_for_batch_size returned {got} (the old rule gave batch sizes below the first range k_max)")
     for table in TABLES:
         for k_max in (2, 4):
             ref = BatchSizeSchedule(k_max, table)
@@ -98,8 +148,10 @@ def check_table(m) -> str | None:
                 if got != want:
                     where = next((f"inside {s}-{e}" for s, e, _ in table if s <= b <= e), None)
                     where = where or ("below the first range" if b < table[0][0] else "in a gap or past the last range")
-                    return (f"table {table}, k_max {k_max}, batch size {b} ({where}): want k = {want}, got {got} "
-                            f"(gaps inherit the range below; below the first range: k_max; never above k_max)")
+                    why = ("a k above k_max is clamped to k_max, as vLLM does" if got > k_max else
+                           "gaps and batch sizes past the last range inherit the k of the range below"
+                           if where.startswith("in a gap") else "inside a range, its k (clamped to k_max)")
+                    return f"table {table}, k_max {k_max}, batch size {b} ({where}): want k = {want}, got {got}: {why}"
     return None
 
 
@@ -165,13 +217,38 @@ class Mutant:
 
 
 def test_controls_parse(controls):
+    import re
+
     import solutions.ex09_serving_metrics as sol
 
     def forgets_positions(text):
         out = sol.parse_spec_counters(text)
         out["num_accepted_tokens_per_pos"] = {}
         return out
+
+    def parser(overwrite=False, created=False):
+        def parse(text):
+            out = {"num_drafts": 0.0, "num_draft_tokens": 0.0, "num_accepted_tokens": 0.0,
+                   "num_accepted_tokens_per_pos": {}}
+            for line in text.splitlines():
+                if not line.startswith(sol.SPEC):
+                    continue
+                name_labels, value = line.rsplit(" ", 1)
+                name, _, labels = name_labels.partition("{")
+                key = re.sub(r"_(total|created)$" if created else r"_total$", "", name[len(sol.SPEC):])
+                if key == "num_accepted_tokens_per_pos":
+                    pos = int(re.search(r'position="(\d+)"', labels).group(1))
+                    out[key][pos] = float(value) + (0.0 if overwrite else out[key].get(pos, 0.0))
+                elif key in out:
+                    out[key] = float(value) + (0.0 if overwrite else out[key])
+            return out
+        return parse
+
+    assert check_parse(Mutant(parse_spec_counters=parser())) is None
     assert check_parse(Mutant(parse_spec_counters=forgets_positions))
+    for mutant, needle in ((parser(overwrite=True), "overwrote"), (parser(created=True), "`_created` samples")):
+        msg = check_parse(Mutant(parse_spec_counters=mutant))
+        assert msg and needle in msg, msg
 
 
 def test_controls_acceptance(controls):
@@ -201,11 +278,27 @@ def test_controls_table(controls):
     import solutions.ex09_serving_metrics as sol
 
     def gap_is_k_max(table, b, k_max):
+        sol.k_for_batch_size(table, b, k_max)  # refuses what the solution refuses
         return next((min(k, k_max) for s, e, k in table if s <= b <= e), k_max)
 
-    assert check_table(Mutant(k_for_batch_size=gap_is_k_max))
-    assert check_table(Mutant(k_for_batch_size=lambda t, b, k_max: next(
-        (k for s, e, k in t if s <= b <= e), sol.k_for_batch_size(t, b, k_max))))  # not capped at k_max
+    def old_rule(table, b, k_max):  # speclab's old reading: a table may start anywhere, below it k_max
+        k = k_max
+        for s, _e, k_range in table:
+            if b < s:
+                break
+            k = k_range
+        return min(k, k_max)
+
+    def not_clamped(t, b, k_max):
+        return next((k for s, e, k in t if s <= b <= e), sol.k_for_batch_size(t, b, k_max))
+
+    def caught(mutant, needle):
+        msg = check_table(Mutant(k_for_batch_size=mutant))
+        assert msg and needle in msg, msg
+
+    caught(gap_is_k_max, "inherit the k of the range below")
+    caught(old_rule, "does not start at batch size 1")
+    caught(not_clamped, "clamped to k_max")
 
 
 def test_controls_best_k(controls):

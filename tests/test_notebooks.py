@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -28,6 +29,24 @@ def test_notebook_is_committed_clean(path):
         assert "pip install" not in "".join(cell["source"]), f"{path.name} cell {i}: no installs inside lessons"
     assert nb["cells"][0]["cell_type"] == "markdown" and "".join(nb["cells"][0]["source"]).startswith("# ")
     assert "pytest" in "".join(nb["cells"][-1]["source"]), f"{path.name} must end with its exercise command"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_shows_a_committed_figure_from_markdown(path):
+    """A stripped notebook shows no plot on a code host: each lesson shows its key figure from a committed,
+    small PNG (scripts/make_figures.py), with a caption that says what to see and where it was made."""
+    nb = json.loads(path.read_text())
+    refs = [(i, m) for i, cell in enumerate(nb["cells"]) if cell["cell_type"] == "markdown"
+            for m in re.findall(r"!\[[^\]]+\]\((figures/[^)]+\.png)\)", "".join(cell["source"]))]
+    assert refs, f"{path.name} shows no figure from notebooks/figures/ in a markdown cell (run `make figures`)"
+    for i, ref in refs:
+        png = path.parent / ref
+        assert png.name.startswith(path.name[:3]), f"{path.name} shows {ref}: a lesson's figures are named NN_*.png"
+        assert png.exists(), f"{path.name} cell {i} shows {ref}, which is not committed (run `make figures`)"
+        assert png.stat().st_size < 200_000, f"{ref} is {png.stat().st_size // 1024} KiB: keep committed figures small"
+        caption = " ".join("".join(nb["cells"][i]["source"]).split())
+        assert "What you should see" in caption and "machine and date" in caption, \
+            f"{path.name} cell {i}: the caption must say what you should see and where the machine and date are"
 
 
 @pytest.mark.notebook
