@@ -4,6 +4,7 @@ One rule per file, every rule on the same ragged batch (`layout.py`, vLLM's layo
 `RULES` under vLLM's `rejection_sample_method` names:
 
     rejection.py   "standard": Leviathan et al. (2023), token by token (lessons 01 and 06)
+    block.py       "block": Sun et al. (ICLR 2025), block verification (lesson 10)
 
 `rejection_sample(..., method="standard")` is the entry point; `backend.get_rejection_sampler`
 is the one place that picks an implementation of a rule (this torch reference, or the Triton
@@ -11,15 +12,16 @@ kernel of lesson 07, which must match it bit for bit). Adding a rule is one file
 `RULES` (CONTRIBUTING.md walks through it).
 """
 
-from speclab.verify import rejection
+from speclab.verify import block, rejection
 from speclab.verify.layout import PLACEHOLDER_TOKEN_ID, draw_noise, draw_uniforms
 from speclab.verify.rejection import verify_greedy_step, verify_step
 
 # rejection_sample_method -> the torch reference of the rule (the signature of `rejection_sample`)
 RULES = {
     "standard": rejection.rejection_sample,
+    "block": block.rejection_sample,
 }
-LESSON_10 = ("block", "typical")  # vLLM's / Medusa-2's names, built in lesson 10
+LESSON_10 = ("typical",)  # vLLM's / Medusa-2's names, built in lesson 10
 
 
 def get_rule(method: str):
