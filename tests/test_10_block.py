@@ -397,3 +397,83 @@ def test_bad_input_gets_the_layouts_errors():
         block.rejection_sample(**dict(case, uniforms=case["uniforms"].float()))
     with pytest.raises(ValueError, match="vocab"):
         block.rejection_sample(**dict(case, draft_probs=case["draft_probs"][:, :5]))
+
+
+# ----------------------------------------------------------------------------------------------
+# In the engine: tiny random Llamas over 8 tokens (as tests/test_06_spec_engine.py), whose exact
+# joint law over the first 3 generated tokens transformers' forward gives. Until the engine reads
+# speculative_config["rejection_sample_method"], the rule is put into the runner's one verifier.
+
+EV, EL, EPROMPT = 8, 3, [1, 2, 3, 1, 2]
+
+
+@pytest.fixture(scope="module")
+def llama_pair(tmp_path_factory):
+    from helpers import tiny_llama
+    root = tmp_path_factory.mktemp("pair10")
+    hf = tiny_llama(root / "target", vocab_size=EV, seed=0, head_scale=12.0)
+    tiny_llama(root / "draft", vocab_size=EV, seed=1, like=hf, noise=0.5)
+    return hf, root / "target", root / "draft"
+
+
+def block_engine(target, draft, rule=block.rejection_sample, k=3, **kw):
+    from speclab.engine.llm_engine import LLMEngine
+    from speclab.models.llama import load_llama
+    from speclab.proposers.draft_model import DraftModelProposer
+    proposer = DraftModelProposer(load_llama(draft), k, num_kv_blocks=4096, block_size=4,
+                                  sample_method="probabilistic")  # draft_probs: where block verification pays
+    eng = LLMEngine(load_llama(target), **{"num_kv_blocks": 2048, "block_size": 4, "max_num_seqs": 4096,
+                                           "max_num_batched_tokens": 1 << 16, "proposer": proposer, **kw})
+    eng.runner.verifier = rule
+    return eng
+
+
+def test_engine_greedy_with_block_verification_is_plain_greedy(llama_pair):
+    from helpers import run_engine
+    from speclab.engine.llm_engine import LLMEngine
+    from speclab.models.llama import load_llama
+    from speclab.sampling_params import SamplingParams
+    _, target, draft = llama_pair
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, EV, (n,), generator=g).tolist() for n in (1, 4, 9, 17)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = run_engine(LLMEngine(load_llama(target), num_kv_blocks=2048, block_size=4), prompts, params)
+    for knobs in ({}, {"num_kv_blocks": 24}, {"max_num_batched_tokens": 6, "max_num_seqs": 6}):
+        eng = block_engine(target, draft, **knobs)
+        assert run_engine(eng, prompts, params) == plain, knobs
+        assert eng.stats.num_accepted_tokens > 0 and eng.kv.num_free_blocks == eng.kv.pool.num_blocks
+        if "num_kv_blocks" in knobs:
+            assert eng.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
+
+
+@pytest.mark.slow  # chi2 over 5000 engine samples, twice (about a minute alone)
+def test_engine_samples_follow_the_target_and_accept_at_least_as_much(llama_pair):
+    """Unseeded requests at T = 1 (the engine's stream: the rule decides). Seeded requests are
+    verified against position-keyed samples (one-hot rows), where block verification is the greedy rule."""
+    from helpers import run_engine
+    from speclab.sampling import logits_to_probs
+    from speclab.sampling_params import SamplingParams
+    from speclab.verify.rejection import rejection_sample as standard
+    hf, target, draft = llama_pair
+    seqs = torch.tensor([EPROMPT + [a, b] for a in range(EV) for b in range(EV)])
+    with torch.no_grad():
+        probs = logits_to_probs(hf(seqs).logits.double())  # (V*V, len + 2, V)
+    n0 = len(EPROMPT)
+    joint = probs[0, n0 - 1][:, None, None] * probs[:, n0].reshape(EV, EV, EV)[:, 0][:, :, None] \
+        * probs[:, n0 + 1].reshape(EV, EV, EV)  # P(x1, x2, x3 | prompt)
+    n = 5000
+    params = SamplingParams(temperature=1.0, max_tokens=EL + 2, ignore_eos=True)
+    rates = {}
+    for name, rule in (("block", block.rejection_sample), ("standard", standard)):
+        eng = block_engine(target, draft, rule=rule)
+        counts = np.zeros((EV,) * EL)
+        for out in run_engine(eng, [EPROMPT] * n, params):
+            counts[tuple(out[:EL])] += 1
+        pv = stats.chi2_gof(counts.ravel(), joint.ravel().numpy())
+        assert pv > SIGNIFICANCE, f"{name}: engine samples differ from the target (p={pv:.1e}; detects TV >= " \
+                                  f"{stats.min_detectable_tv(n, int((joint.ravel() * n >= 5).sum()) + 1):.3f})"
+        s = eng.stats
+        rates[name] = (s.num_accepted_tokens / s.num_drafts, s.num_drafts)
+    (block_len, nb), (std_len, ns) = rates["block"], rates["standard"]
+    print(f"accepted drafts per step (k = 3): block {block_len:.3f}, standard {std_len:.3f}")
+    assert block_len > std_len - 4 * np.sqrt(3.0 / min(nb, ns)), rates  # accepted per step: not fewer
