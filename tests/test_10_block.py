@@ -11,12 +11,20 @@ that passed. Besides the law: a plain-Python transcription of the paper's algori
 expected accepted drafts against the token-wise rule's, greedy == greedy, and the edge cases.
 """
 
+from dataclasses import fields
+
 import numpy as np
 import pytest
 import torch
 
-from helpers import random_rows
+from helpers import random_rows, run_engine, tiny_llama
 from speclab import stats
+from speclab.engine.config import EngineConfig
+from speclab.engine.llm_engine import LLMEngine
+from speclab.models.llama import load_llama
+from speclab.proposers.draft_model import DraftModelProposer
+from speclab.sampling import logits_to_probs
+from speclab.sampling_params import SamplingParams
 from speclab.toy import MarkovLM
 from speclab.verify import LESSON_10, RULES, block, get_rule
 from speclab.verify import rejection_sample as rejection_sample_by_name
@@ -401,38 +409,34 @@ def test_bad_input_gets_the_layouts_errors():
 
 # ----------------------------------------------------------------------------------------------
 # In the engine: tiny random Llamas over 8 tokens (as tests/test_06_spec_engine.py), whose exact
-# joint law over the first 3 generated tokens transformers' forward gives. Until the engine reads
-# speculative_config["rejection_sample_method"], the rule is put into the runner's one verifier.
+# joint law over the first 3 generated tokens transformers' forward gives.
 
 EV, EL, EPROMPT = 8, 3, [1, 2, 3, 1, 2]
 
 
 @pytest.fixture(scope="module")
 def llama_pair(tmp_path_factory):
-    from helpers import tiny_llama
     root = tmp_path_factory.mktemp("pair10")
     hf = tiny_llama(root / "target", vocab_size=EV, seed=0, head_scale=12.0)
     tiny_llama(root / "draft", vocab_size=EV, seed=1, like=hf, noise=0.5)
     return hf, root / "target", root / "draft"
 
 
-def block_engine(target, draft, rule=block.rejection_sample, k=3, **kw):
-    from speclab.engine.llm_engine import LLMEngine
-    from speclab.models.llama import load_llama
-    from speclab.proposers.draft_model import DraftModelProposer
+def block_engine(target, draft, method="block", k=3, **kw):
     proposer = DraftModelProposer(load_llama(draft), k, num_kv_blocks=4096, block_size=4,
                                   sample_method="probabilistic")  # draft_probs: where block verification pays
-    eng = LLMEngine(load_llama(target), **{"num_kv_blocks": 2048, "block_size": 4, "max_num_seqs": 4096,
-                                           "max_num_batched_tokens": 1 << 16, "proposer": proposer, **kw})
-    eng.runner.verifier = rule
+    knobs = {"num_kv_blocks": 2048, "block_size": 4, "max_num_seqs": 4096, "max_num_batched_tokens": 1 << 16, **kw}
+    plumbed = "rejection_sample_method" in {f.name for f in fields(EngineConfig)}
+    if plumbed:  # the engine's own path, from speculative_config["rejection_sample_method"]
+        knobs["rejection_sample_method"] = method
+    eng = LLMEngine(load_llama(target), proposer=proposer, **knobs)
+    if not plumbed:  # before the engine read the key: the rule goes into the runner's one verifier
+        eng.runner.verifier = RULES[method]
+    assert eng.runner.verifier is RULES[method]
     return eng
 
 
 def test_engine_greedy_with_block_verification_is_plain_greedy(llama_pair):
-    from helpers import run_engine
-    from speclab.engine.llm_engine import LLMEngine
-    from speclab.models.llama import load_llama
-    from speclab.sampling_params import SamplingParams
     _, target, draft = llama_pair
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, EV, (n,), generator=g).tolist() for n in (1, 4, 9, 17)]
@@ -450,10 +454,6 @@ def test_engine_greedy_with_block_verification_is_plain_greedy(llama_pair):
 def test_engine_samples_follow_the_target_and_accept_at_least_as_much(llama_pair):
     """Unseeded requests at T = 1 (the engine's stream: the rule decides). Seeded requests are
     verified against position-keyed samples (one-hot rows), where block verification is the greedy rule."""
-    from helpers import run_engine
-    from speclab.sampling import logits_to_probs
-    from speclab.sampling_params import SamplingParams
-    from speclab.verify.rejection import rejection_sample as standard
     hf, target, draft = llama_pair
     seqs = torch.tensor([EPROMPT + [a, b] for a in range(EV) for b in range(EV)])
     with torch.no_grad():
@@ -464,8 +464,8 @@ def test_engine_samples_follow_the_target_and_accept_at_least_as_much(llama_pair
     n = 5000
     params = SamplingParams(temperature=1.0, max_tokens=EL + 2, ignore_eos=True)
     rates = {}
-    for name, rule in (("block", block.rejection_sample), ("standard", standard)):
-        eng = block_engine(target, draft, rule=rule)
+    for name in ("block", "standard"):
+        eng = block_engine(target, draft, method=name)
         counts = np.zeros((EV,) * EL)
         for out in run_engine(eng, [EPROMPT] * n, params):
             counts[tuple(out[:EL])] += 1

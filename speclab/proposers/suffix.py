@@ -160,7 +160,8 @@ class SuffixProposer(Proposer):
         self.global_tree = SuffixTree(max_tree_depth)  # outputs of this engine's requests
         self._cached: OrderedDict[str, None] = OrderedDict()  # request ids in global_tree, oldest first
 
-    def propose(self, requests: list[Request], max_drafts: list[int]) -> list[Proposal]:
+    def propose(self, requests: list[Request], max_drafts: list[int], forward=None) -> list[Proposal]:
+        """Drafts for each request from its committed tokens (`forward`, the target's hidden states, is not read)."""
         return [self._propose_one(r, k) for r, k in zip(requests, max_drafts)]
 
     def _propose_one(self, r: Request, k: int) -> Proposal:
