@@ -19,6 +19,7 @@ Three kernels, each with one program per request:
   _accept_kernel      random requests: accept while q(x) > 0 and p(x) / q(x) >= u, count n
   _end_token_kernel   random requests: the token at column n, by the exponential race over
                       max(p - q, 0) (recovered, n < k) or p (bonus, n == k)
+A fourth, marked kernel implements lesson 10's block verification (`_block_kernel`, RULES["block"]).
 Run `python scripts/bench_kernel.py` for the benchmark.
 """
 
@@ -304,8 +305,148 @@ def rejection_sample(draft_token_ids, num_draft_tokens, target_probs, draft_prob
                                     greedy=greedy, uniforms=uniforms, noise=noise, generator=generator)
 
 
+# ----------------------------------------------------------------------------------------------
+# A second, marked kernel (lesson 10): block verification, rejection_sample_method "block"
+#
+# Sun et al., "Block Verification Accelerates Speculative Decoding" (ICLR 2025), Algorithm 2; the
+# torch reference is speclab/verify/block.py. One program per random request walks its drafts once:
+#   rho_i = min(rho_{i-1} p_i(x_i) / q_i(x_i), 1)                       (0 if q_i(x_i) = 0)
+#   h_i   = Z / (Z + 1 - rho_i), Z = sum_v max(rho_i p_{i+1}(v) - q_{i+1}(v), 0)  if x_{i+1} is a draft
+#   h_i   = rho_i                                                        for the last draft
+#   tau   = the LAST i with u_i <= h_i: a failed test does not stop the walk (the rule's crux)
+# then races for the token at column tau over p (bonus, tau = k) or max(rho_tau p - q, 0).
+# Unlike the standard rule, each draft position reads a whole vocabulary row of p and q (for Z):
+# about k * V * 8 bytes more per request, which buys nothing for one-hot drafts (vLLM runs block
+# verification only with draft probabilities). Everything after the loads is float64, in the
+# reference's order; a GPU must not fuse rho * p - q into one FMA (launched with
+# enable_fp_fusion=False), and the sum Z is reduced in another order than torch's, so a decision
+# can differ only when a uniform falls within a few float64 ulps of its threshold.
+# Greedy requests are `_greedy_kernel`'s, as for the standard rule.
+
+
+@triton.jit
+def _residual_mass(rho, p_row, stride_v, q_row, stride_q_v, x, V,
+                   NO_DRAFT_PROBS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Z = sum_v max(rho p(v) - q(v), 0) over one row, float64; q = one-hot(x) for one-hot drafts."""
+    z = tl.zeros([], tl.float64)
+    for start in range(0, V, BLOCK_V):
+        offs_v = start + tl.arange(0, BLOCK_V)
+        mask = offs_v < V
+        p = tl.load(p_row + offs_v * stride_v, mask=mask, other=0.0).to(tl.float64)
+        if NO_DRAFT_PROBS:
+            q = tl.where(offs_v == x, 1.0, 0.0).to(tl.float64)
+        else:
+            q = tl.load(q_row + offs_v * stride_q_v, mask=mask, other=0.0).to(tl.float64)
+        z += tl.sum(tl.maximum(rho * p - q, 0.0), axis=0)  # masked lanes add max(0 - 0, 0) = 0
+    return z
+
+
+@triton.jit
+def _block_kernel(out_ptr, stride_out, num_accepted_ptr, draft_ptr, cu_ptr, k_ptr, is_greedy_ptr,
+                  target_ptr, stride_target, stride_target_v,
+                  draft_probs_ptr, stride_draft, stride_draft_v, uniforms_ptr,
+                  noise_ptr, stride_noise, stride_noise_v, V,
+                  NO_DRAFT_PROBS: tl.constexpr, BLOCK_V: tl.constexpr):
+    r = tl.program_id(0)
+    if tl.load(is_greedy_ptr + r):
+        return
+    k = tl.load(k_ptr + r)
+    cu = tl.load(cu_ptr + r)
+    out_row = out_ptr + r.to(tl.int64) * stride_out
+    rho = tl.full([], 1.0, tl.float64)  # rho_0 = 1
+    rho_tau = tl.full([], 1.0, tl.float64)
+    tau = 0
+    k_eff = 0  # drafts before the first placeholder: the rest are ignored
+    alive = 1
+    for i in range(0, k):
+        x = tl.load(draft_ptr + cu + i)
+        alive = tl.where(x >= 0, alive, 0)
+        if alive > 0:
+            k_eff += 1
+            p_x = tl.load(target_ptr + (cu + r + i) * stride_target + x * stride_target_v).to(tl.float64)
+            if NO_DRAFT_PROBS:
+                q_x = tl.full([], 1.0, tl.float64)
+            else:
+                q_x = tl.load(draft_probs_ptr + (cu + i) * stride_draft + x * stride_draft_v).to(tl.float64)
+            ratio = tl.fdiv(p_x, tl.where(q_x > 0, q_x, 1.0), ieee_rounding=True)
+            rho = tl.where(q_x > 0, tl.minimum(rho * ratio, 1.0), 0.0)
+            x_next = tl.load(draft_ptr + cu + i + 1, mask=i + 1 < k, other=-1)
+            h = rho  # the last draft: h = rho
+            if x_next >= 0:  # h from the block residual mass of the next position
+                z = _residual_mass(rho, target_ptr + (cu + r + i + 1) * stride_target, stride_target_v,
+                                   draft_probs_ptr + (cu + i + 1) * stride_draft, stride_draft_v, x_next, V,
+                                   NO_DRAFT_PROBS, BLOCK_V)
+                denom = z + (1.0 - rho)
+                h = tl.where(denom > 0, tl.fdiv(z, tl.where(denom > 0, denom, 1.0), ieee_rounding=True), 1.0)
+            if tl.load(uniforms_ptr + cu + i) <= h:
+                tau = i + 1  # keep the LAST position that passes
+                rho_tau = rho
+    for i in range(0, tau):
+        tl.store(out_row + i, tl.load(draft_ptr + cu + i))
+    tl.store(num_accepted_ptr + r, tau)
+
+    # the token at column tau: bonus from p (tau = k_eff), or from max(rho_tau p - q, 0)
+    rejected = tau < k_eff
+    x = tl.load(draft_ptr + cu + tau, mask=rejected, other=-1)
+    V_q = tl.where(rejected, V, 0)  # read q only after a kept prefix shorter than the drafts
+    p_row = target_ptr + (cu + r + tau) * stride_target
+    q_row = draft_probs_ptr + (cu + tau) * stride_draft
+    e_row = noise_ptr + r.to(tl.int64) * stride_noise
+    best_res = tl.full([], float("-inf"), tl.float64)
+    idx_res = tl.zeros([], tl.int32)
+    best_p = tl.full([], float("-inf"), tl.float64)
+    idx_p = tl.zeros([], tl.int32)
+    res_positive = tl.zeros([], tl.int32)
+    for start in range(0, V, BLOCK_V):
+        offs_v = start + tl.arange(0, BLOCK_V)
+        mask = offs_v < V
+        p = tl.load(p_row + offs_v * stride_target_v, mask=mask, other=0.0).to(tl.float64)
+        e = tl.load(e_row + offs_v * stride_noise_v, mask=mask, other=1.0).to(tl.float64)
+        if NO_DRAFT_PROBS:
+            q = tl.where(offs_v == x, 1.0, 0.0).to(tl.float64)
+        else:
+            q = tl.load(q_row + offs_v * stride_draft_v, mask=offs_v < V_q, other=0.0).to(tl.float64)
+        residual = tl.maximum(rho_tau * p - q, 0.0)
+        res_positive = tl.maximum(res_positive, tl.max((residual > 0).to(tl.int32), axis=0))
+        race_res = tl.where(mask, tl.fdiv(residual, e, ieee_rounding=True), float("-inf"))
+        race_p = tl.where(mask, tl.fdiv(p, e, ieee_rounding=True), float("-inf"))
+        best_res, idx_res = _argmax_update(best_res, idx_res, race_res, start)
+        best_p, idx_p = _argmax_update(best_p, idx_p, race_p, start)
+    token = tl.where(rejected & (res_positive > 0), idx_res, idx_p)
+    tl.store(out_row + tau, tl.minimum(token, V - 1))
+
+
+def launch_block(b: Batch, block_v: int) -> None:
+    """The block kernel over all requests (greedy requests return at once)."""
+    q = b.draft_probs if b.draft_probs is not None else b.target_probs  # a dummy when one-hot
+    options = {} if interpreted() else {"enable_fp_fusion": False}  # rho * p - q rounded as torch does
+    _block_kernel[(b.k.numel(),)](
+        b.out, b.out.stride(0), b.num_accepted, b.draft_token_ids, b.cu, b.k, b.is_greedy,
+        b.target_probs, b.target_probs.stride(0), b.target_probs.stride(1),
+        q, q.stride(0), q.stride(1), b.uniforms, b.noise, b.noise.stride(0), b.noise.stride(1),
+        b.target_probs.shape[1], NO_DRAFT_PROBS=b.draft_probs is None, BLOCK_V=block_v, **options)
+
+
+def rejection_sample_block(draft_token_ids, num_draft_tokens, target_probs, draft_probs=None, *,
+                           greedy=False, uniforms=None, noise=None, generator=None,
+                           block_v: int = DEFAULT_BLOCK_V) -> torch.Tensor:
+    """Block verification with the Triton kernels: the output of `speclab.verify.block.rejection_sample`.
+
+    Same arguments, checks, random draws and output as the torch rule; greedy requests run
+    `_greedy_kernel`, random ones `_block_kernel`.
+    """
+    b = prepare_batch(draft_token_ids, num_draft_tokens, target_probs, draft_probs, greedy=greedy,
+                      uniforms=uniforms, noise=noise, generator=generator)
+    if b.k.numel() == 0:
+        return b.out
+    block_v = min(block_v, triton.next_power_of_2(b.target_probs.shape[1]))
+    launch_greedy(b, block_v)
+    launch_block(b, block_v)
+    return b.out
+
+
 # rejection_sample_method -> the kernel implementing it (speclab.verify.backend picks from here)
-RULES = {"standard": rejection_sample}
+RULES = {"standard": rejection_sample, "block": rejection_sample_block}
 
 _TL_FLOAT = {torch.float32: tl.float32, torch.float64: tl.float64}
 

@@ -4,6 +4,8 @@ One rule per file, every rule on the same ragged batch (`layout.py`, vLLM's layo
 `RULES` under vLLM's `rejection_sample_method` names:
 
     rejection.py   "standard": Leviathan et al. (2023), token by token (lessons 01 and 06)
+    block.py       "block": Sun et al. (ICLR 2025), block verification (lesson 10)
+    typical.py     "typical": Medusa-2's typical acceptance, LOSSY (lesson 10): only when asked for by name
 
 `rejection_sample(..., method="standard")` is the entry point; `backend.get_rejection_sampler`
 is the one place that picks an implementation of a rule (this torch reference, or the Triton
@@ -11,15 +13,18 @@ kernel of lesson 07, which must match it bit for bit). Adding a rule is one file
 `RULES` (CONTRIBUTING.md walks through it).
 """
 
-from speclab.verify import rejection
+from speclab.verify import block, rejection, typical
 from speclab.verify.layout import PLACEHOLDER_TOKEN_ID, draw_noise, draw_uniforms
 from speclab.verify.rejection import verify_greedy_step, verify_step
 
 # rejection_sample_method -> the torch reference of the rule (the signature of `rejection_sample`)
 RULES = {
     "standard": rejection.rejection_sample,
+    "block": block.rejection_sample,
+    "typical": typical.rejection_sample,  # LOSSY: not distribution-preserving
 }
-LESSON_10 = ("block", "typical")  # vLLM's / Medusa-2's names, built in lesson 10
+LOSSY_RULES = ("typical",)  # never chosen by default or implemented by the kernels: by name only
+LESSON_10 = ()  # rules announced for lesson 10 and not built yet: none left
 
 
 def get_rule(method: str):
@@ -45,5 +50,5 @@ def rejection_sample(draft_token_ids, num_draft_tokens, target_probs, draft_prob
                             uniforms=uniforms, noise=noise, generator=generator)
 
 
-__all__ = ["PLACEHOLDER_TOKEN_ID", "RULES", "draw_noise", "draw_uniforms", "get_rule", "rejection_sample",
-           "verify_greedy_step", "verify_step"]
+__all__ = ["LOSSY_RULES", "PLACEHOLDER_TOKEN_ID", "RULES", "draw_noise", "draw_uniforms", "get_rule",
+           "rejection_sample", "verify_greedy_step", "verify_step"]
