@@ -21,14 +21,15 @@ is refused with the replacement. `adaptive` (speclab's own key) picks k each ste
 """
 
 import re
+import warnings
 from dataclasses import dataclass, fields
 
 from speclab.engine.proposer import SAMPLE_METHODS as DRAFT_SAMPLE_METHODS
 from speclab.engine.spec_policy import AdaptivePolicy, BatchSizeSchedule, SpecPolicy
 from speclab.models.heads import HEAD_METHODS, head_method
 from speclab.proposers import METHODS as PROPOSERS
-from speclab.proposers import NOT_BUILT
-from speclab.verify import get_rule
+from speclab.proposers import suffix
+from speclab.verify import LOSSY_RULES, get_rule
 
 METHODS = tuple(PROPOSERS)  # the registry's names (speclab.proposers.METHODS)
 NOT_YET = ("mlp_speculator", "ngram_gpu", "dflash")  # vLLM methods speclab does not build
@@ -48,8 +49,11 @@ class SpeculativeConfig:
         num_speculative_tokens_per_batch_size: vLLM's dynamic k: {"start-end": k} or [[start, end, k], ...],
             inclusive ranges, 0 = off; normalized to a sorted list of (start, end, k).
         adaptive: speclab's adaptive k (0..num_speculative_tokens) from live acceptance and costs.
-        rejection_sample_method: the verification rule, vLLM's key: "standard" (the default) or another
-            name in speclab.verify.RULES.
+        rejection_sample_method: the verification rule, vLLM's key: "standard" (the default), "block"
+            (block verification), or "typical" (LOSSY typical acceptance: only when named); speclab.verify.RULES.
+        suffix_decoding_max_tree_depth, suffix_decoding_max_cached_requests, suffix_decoding_max_spec_factor,
+        suffix_decoding_min_token_prob: suffix decoding's knobs (method "suffix"; vLLM's names and defaults:
+            24, 10000, 1.0, 0.1; see speclab.proposers.suffix).
     """
 
     method: str | None = None
@@ -61,6 +65,10 @@ class SpeculativeConfig:
     num_speculative_tokens_per_batch_size: dict | list | None = None
     adaptive: bool = False
     rejection_sample_method: str = "standard"
+    suffix_decoding_max_tree_depth: int = suffix.MAX_TREE_DEPTH
+    suffix_decoding_max_cached_requests: int = suffix.MAX_CACHED_REQUESTS
+    suffix_decoding_max_spec_factor: float = suffix.MAX_SPEC_FACTOR
+    suffix_decoding_min_token_prob: float = suffix.MIN_TOKEN_PROB
 
     @classmethod
     def from_dict(cls, d: dict) -> "SpeculativeConfig":
@@ -89,10 +97,9 @@ class SpeculativeConfig:
                 self.method = head_method(self.model) or "draft_model"
             else:
                 raise ValueError("speculative_config needs 'method' (one of ngram, draft_model) or a draft 'model'")
-        if self.method in NOT_YET or self.method in NOT_BUILT:
-            PROPOSERS[self.method](self, None) if self.method in NOT_BUILT else None  # its own message
+        if self.method in NOT_YET:
             raise NotImplementedError(f"speculative method {self.method!r} is not implemented in speclab yet: "
-                                      f"use one of {[m for m in METHODS if m not in NOT_BUILT]}")
+                                      f"use one of {METHODS}")
         if self.method not in METHODS:
             raise NotImplementedError(f"Unsupported speculative method: {self.method!r} (choose one of {METHODS})")
         if self.num_speculative_tokens is None:
@@ -100,15 +107,29 @@ class SpeculativeConfig:
         if isinstance(self.num_speculative_tokens, bool) or not isinstance(self.num_speculative_tokens, int) \
                 or self.num_speculative_tokens <= 0:
             raise ValueError(f"Expected num_speculative_tokens to be greater than zero ({self.num_speculative_tokens})")
-        get_rule(self.rejection_sample_method)  # a clear error for an unknown or unbuilt rule
+        get_rule(self.rejection_sample_method)  # a clear error for an unknown rule
+        if self.rejection_sample_method in LOSSY_RULES:
+            warnings.warn(f"rejection_sample_method {self.rejection_sample_method!r} is LOSSY: at temperature > 0 the "
+                          f"output no longer follows the target's distribution (lesson 10 measures the distance); "
+                          f"use 'standard' or 'block' for exact speculative decoding", stacklevel=3)
         if self.draft_sample_method not in DRAFT_SAMPLE_METHODS:
             raise ValueError(f"draft_sample_method must be one of {DRAFT_SAMPLE_METHODS}, got {self.draft_sample_method!r}")
         self._validate_dynamic()
         if self.method == "ngram":
             self._validate_ngram()
+        elif self.method == "suffix":
+            self._validate_suffix()
         elif self.method == "draft_model" and self.model is None:
             raise ValueError("method 'draft_model' needs a draft 'model' (a directory, a hub id, or 'draft' for "
                              "the embedded draft)")
+
+    def _validate_suffix(self) -> None:
+        if self.model is not None:
+            raise ValueError("method 'suffix' takes no 'model': drafts come from suffix trees over the context and "
+                             "earlier outputs")
+        suffix.check_knobs(self.num_speculative_tokens, self.suffix_decoding_max_tree_depth,
+                           self.suffix_decoding_max_cached_requests, self.suffix_decoding_max_spec_factor,
+                           self.suffix_decoding_min_token_prob)
 
     def _validate_ngram(self) -> None:
         if self.model is not None:

@@ -28,7 +28,7 @@ def test_method_inferred_from_a_draft_model():
     ({"method": "draft_model", "num_speculative_tokens": 3}, ValueError, "needs a draft 'model'"),
     ({"method": "ngram", "num_speculative_tokens": 3, "model": "draft"}, ValueError, "takes no 'model'"),
     ({"num_speculative_tokens": 3}, ValueError, "needs 'method'"),
-    ({"method": "suffix", "num_speculative_tokens": 3}, NotImplementedError, "not implemented"),
+    ({"method": "dflash", "num_speculative_tokens": 3}, NotImplementedError, "not implemented"),
     ({"method": "beam", "num_speculative_tokens": 3}, NotImplementedError, "Unsupported speculative method"),
     ({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup": 2}, ValueError,
      r"unknown speculative_config key\(s\) \['prompt_lookup'\]: valid keys are \['method'"),

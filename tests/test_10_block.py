@@ -26,7 +26,7 @@ from speclab.proposers.draft_model import DraftModelProposer
 from speclab.sampling import logits_to_probs
 from speclab.sampling_params import SamplingParams
 from speclab.toy import MarkovLM
-from speclab.verify import LESSON_10, RULES, block, get_rule
+from speclab.verify import RULES, block, get_rule
 from speclab.verify import rejection_sample as rejection_sample_by_name
 from speclab.verify.rejection import rejection_sample as token_wise
 
@@ -220,7 +220,6 @@ def test_matches_the_algorithm_transcribed_by_hand(one_hot, placeholder_frac):
 
 def test_registered_under_vllms_name():
     assert RULES["block"] is block.rejection_sample and get_rule("block") is block.rejection_sample
-    assert "block" not in LESSON_10
     case = ragged_case(3)
     assert torch.equal(rejection_sample_by_name(**case, method="block"), block.rejection_sample(**case))
 

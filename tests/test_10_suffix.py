@@ -10,7 +10,6 @@ chat edit set replayed as multi-turn edit sessions suffix decoding beats prompt 
 
 import random
 from collections import Counter
-from dataclasses import dataclass
 
 import pytest
 from tokenizers import Tokenizer
@@ -22,10 +21,11 @@ from speclab.engine.proposer import Proposer
 from speclab.engine.request import Request
 from speclab.models import checkpoint_dir
 from speclab.models.llama import load_llama
-from speclab.proposers import suffix
+from speclab.proposers import METHODS
 from speclab.proposers.ngram import NgramProposer
 from speclab.proposers.suffix import SuffixProposer, SuffixTree
 from speclab.sampling_params import SamplingParams
+from speclab.spec_config import SpeculativeConfig
 
 # ----------------------------------------------------------------------------------------------
 # The suffix tree against brute force
@@ -106,17 +106,17 @@ def test_it_is_a_proposer_with_vllms_keys_and_defaults():
     assert isinstance(p, Proposer) and p.num_lookahead_tokens == 0 and p.hidden_layers == ()
     assert (p.max_tree_depth, p.max_cached_requests, p.max_spec_factor, p.min_token_prob) == (24, 10000, 1.0, 0.1)
 
-    @dataclass
-    class Spec:  # the SpeculativeConfig attributes from_config reads
-        num_speculative_tokens: int = 5
-        suffix_decoding_max_tree_depth: int | None = 16
-        suffix_decoding_max_cached_requests: int | None = 3
-        suffix_decoding_max_spec_factor: float | None = None
-        suffix_decoding_min_token_prob: float | None = 0.25
-
-    q = suffix.from_config(Spec(), target=None)
+    spec = SpeculativeConfig.from_dict({"method": "suffix", "num_speculative_tokens": 5,
+                                        "suffix_decoding_max_tree_depth": 16,
+                                        "suffix_decoding_max_cached_requests": 3,
+                                        "suffix_decoding_min_token_prob": 0.25})
+    q = METHODS["suffix"](spec, None)
     assert (q.num_speculative_tokens, q.max_tree_depth, q.max_cached_requests, q.max_spec_factor,
             q.min_token_prob) == (5, 16, 3, 1.0, 0.25)
+    with pytest.raises(ValueError, match="suffix_decoding_max_tree_depth"):  # checked with the config, before any model
+        SpeculativeConfig.from_dict({"method": "suffix", "num_speculative_tokens": 5, "suffix_decoding_max_tree_depth": 1})
+    with pytest.raises(ValueError, match="takes no 'model'"):
+        SpeculativeConfig.from_dict({"method": "suffix", "num_speculative_tokens": 5, "model": "draft"})
 
 
 @pytest.mark.parametrize("kw,match", [(dict(num_speculative_tokens=0), "num_speculative_tokens"),

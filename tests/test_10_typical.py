@@ -122,3 +122,9 @@ def test_named_lossy_and_refused_unless_asked_for_by_name():
 def test_bad_parameters():
     with pytest.raises(ValueError, match="posterior_threshold"):
         typical.rejection_sample([0], [1], torch.full((2, 2), 0.5), None, posterior_threshold=0.0)
+
+
+def test_asking_for_typical_by_name_warns_that_it_is_lossy():
+    from speclab.spec_config import SpeculativeConfig
+    with pytest.warns(UserWarning, match="LOSSY"):
+        SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 2, "rejection_sample_method": "typical"})

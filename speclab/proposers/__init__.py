@@ -8,18 +8,7 @@ proposer is one file with a `from_config`, one line here, and its keys in
 `speclab.spec_config.SpeculativeConfig` (CONTRIBUTING.md walks through it).
 """
 
-from speclab.proposers import draft_model, eagle, medusa, mtp, ngram
-
-
-NOT_BUILT = {"suffix": "lesson 10"}  # registered names whose proposer is still to come, and where
-
-
-def _not_built(method: str):
-    def build(spec, context):
-        raise NotImplementedError(f"speculative method {method!r} is not implemented in speclab yet (it arrives "
-                                  f"with {NOT_BUILT[method]}): use one of "
-                                  f"{sorted(m for m in METHODS if m not in NOT_BUILT)}")
-    return build
+from speclab.proposers import draft_model, eagle, medusa, mtp, ngram, suffix
 
 
 METHODS = {
@@ -29,5 +18,5 @@ METHODS = {
     "eagle3": eagle.from_config,             # lesson 08: a head on fused low / middle / top states
     "mtp": mtp.from_config,                  # lesson 08: DeepSeek-V3's MTP module, the EAGLE path
     "medusa": medusa.from_config,            # lesson 08: parallel heads, no recurrence
-    "suffix": _not_built("suffix"),
+    "suffix": suffix.from_config,            # lesson 10: suffix trees over this request and earlier outputs
 }

@@ -150,7 +150,7 @@ class SuffixProposer(Proposer):
     def __init__(self, num_speculative_tokens: int, max_tree_depth: int = MAX_TREE_DEPTH,
                  max_cached_requests: int = MAX_CACHED_REQUESTS, max_spec_factor: float = MAX_SPEC_FACTOR,
                  min_token_prob: float = MIN_TOKEN_PROB):
-        _check(num_speculative_tokens, max_tree_depth, max_cached_requests, max_spec_factor, min_token_prob)
+        check_knobs(num_speculative_tokens, max_tree_depth, max_cached_requests, max_spec_factor, min_token_prob)
         self.num_speculative_tokens = num_speculative_tokens
         self.max_tree_depth = max_tree_depth
         self.max_cached_requests = max_cached_requests
@@ -210,7 +210,8 @@ class SuffixProposer(Proposer):
             self.local.pop(rid, None)
 
 
-def _check(k, depth, cached, factor, min_prob) -> None:
+def check_knobs(k, depth, cached, factor, min_prob) -> None:
+    """ValueError naming the suffix_decoding_* key unless every knob is in range (vLLM's checks)."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"num_speculative_tokens must be an integer > 0, got {k!r}")
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 2:
@@ -227,19 +228,10 @@ def _check(k, depth, cached, factor, min_prob) -> None:
                          f"(vLLM's default: {MIN_TOKEN_PROB})")
 
 
-def from_config(spec, target=None) -> SuffixProposer:
-    """The proposer of a `speculative_config` with method "suffix" (`target` is not needed).
-
-    Args:
-        spec: a SpeculativeConfig with vLLM's attribute names: num_speculative_tokens and the
-            suffix_decoding_* keys (vLLM's defaults where an attribute is absent or None).
-    """
-    def key(name, default):
-        value = getattr(spec, name, None)
-        return default if value is None else value
-
-    return SuffixProposer(spec.num_speculative_tokens,
-                          max_tree_depth=key("suffix_decoding_max_tree_depth", MAX_TREE_DEPTH),
-                          max_cached_requests=key("suffix_decoding_max_cached_requests", MAX_CACHED_REQUESTS),
-                          max_spec_factor=key("suffix_decoding_max_spec_factor", MAX_SPEC_FACTOR),
-                          min_token_prob=key("suffix_decoding_min_token_prob", MIN_TOKEN_PROB))
+def from_config(spec, context=None) -> SuffixProposer:
+    """`method: "suffix"` (the registry's constructor): the suffix_decoding_* keys of the speculative
+    config (vLLM's names and defaults); the target is not needed."""
+    return SuffixProposer(spec.num_speculative_tokens, max_tree_depth=spec.suffix_decoding_max_tree_depth,
+                          max_cached_requests=spec.suffix_decoding_max_cached_requests,
+                          max_spec_factor=spec.suffix_decoding_max_spec_factor,
+                          min_token_prob=spec.suffix_decoding_min_token_prob)

@@ -24,16 +24,12 @@ RULES = {
     "typical": typical.rejection_sample,  # LOSSY: not distribution-preserving
 }
 LOSSY_RULES = ("typical",)  # never chosen by default or implemented by the kernels: by name only
-LESSON_10 = ()  # rules announced for lesson 10 and not built yet: none left
 
 
 def get_rule(method: str):
     """The torch reference of a rule, by its `rejection_sample_method` name; a clear error otherwise."""
     if method in RULES:
         return RULES[method]
-    if method in LESSON_10:
-        raise NotImplementedError(f"rejection_sample_method {method!r} arrives with lesson 10 and is not built "
-                                  f"yet: use one of {sorted(RULES)}")
     raise ValueError(f"unknown rejection_sample_method {method!r}: choose one of {sorted(RULES)}")
 
 
