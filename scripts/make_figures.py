@@ -37,6 +37,7 @@ FIGURES = {
     "07": ("07_exponential_race.png", 'argmax r/E frequency'),
     "08": ("08_acceptance_per_position.png", 'accepted / drafts'),
     "09": ("09_price_vs_batch.png", 'speculation pays below the dashed line'),
+    "10": ("10_block_gain.png", 'rows = block.gain_table(target, draft, gammas=range(1, 9))'),
     "11": ("11_speedup_and_ops.png", None),
 }
 
