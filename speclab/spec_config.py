@@ -101,6 +101,8 @@ class SpeculativeConfig:
         elif self.method == "draft_model" and self.model is None:
             raise ValueError("method 'draft_model' needs a draft 'model' (a directory, a hub id, or 'draft' for "
                              "the embedded draft)")
+        elif self.method == "draft_model" and (head := _head_method(self.model)) is not None:
+            raise ValueError(f"{self.model!r} is a head, not a draft model: use method {head!r}")
 
     def _validate_ngram(self) -> None:
         if self.model is not None:

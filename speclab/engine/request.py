@@ -21,6 +21,15 @@ class RequestStatus(enum.Enum):
 FINISH_REASONS = ("stop", "length", "abort", "error")
 
 
+class RequestFailedError(RuntimeError):
+    """Some requests of a batch failed (finish_reason "error"); `outputs` holds every request's output,
+    the ones that finished included, so that one bad request never costs the others their results."""
+
+    def __init__(self, message: str, outputs: list):
+        super().__init__(message)
+        self.outputs = outputs
+
+
 @dataclass
 class Request:
     """One prompt being generated.
