@@ -200,21 +200,28 @@ def rss_mb() -> float:
 def test_multi_megabyte_prompts_are_refused_while_a_stream_keeps_flowing(url):
     """The server runs in this process: its memory is this process's RSS."""
     post(url, {"prompt": "x" * 900_000})  # warm up the JSON and body paths once
+    # bodies encoded up front: this test's client shares the server's process (and GIL)
+    raw = lambda obj: json.dumps(obj).encode()  # noqa: E731
+    huge, chat, big = (raw({"model": MODEL, "prompt": "x = 1\n" * 2_000_000}),
+                       raw({"model": MODEL, "messages": [{"role": "user", "content": "y" * 3_000_000}]}),
+                       raw({"model": MODEL, "prompt": "def f():\n" * 100_000}))
+    send = lambda path, data: requests.post(url + path, data=data, timeout=60,  # noqa: E731
+                                            headers={"Content-Type": "application/json"})
     before = rss_mb()
     stream = start_stream(url, max_tokens=400)
     times = []
     for _ in range(3):
         t0 = time.monotonic()
-        assert_error(post(url, {"prompt": "x = 1\n" * 2_000_000}), 413, "exceeds this server's limit", "1048576")
-        assert_error(requests.post(url + "/v1/chat/completions", timeout=60, json={
-            "model": MODEL, "messages": [{"role": "user", "content": "y" * 3_000_000}]}), 413)
-        err = assert_error(post(url, {"prompt": "def f():\n" * 100_000}), 400, "at least", "shorten the prompt")
+        assert_error(send("/v1/completions", huge), 413, "exceeds this server's limit", "1048576")
+        assert_error(send("/v1/chat/completions", chat), 413)
+        err = assert_error(send("/v1/completions", big), 400, "at least", "shorten the prompt")
         assert err["param"] == "prompt"
         times.append(time.monotonic() - t0)
     stream.join(120)
     assert stream.finish == "length" and stream.gaps, "the concurrent stream must finish"
     assert max(stream.gaps) < 1.0, f"the stream stalled {max(stream.gaps):.2f} s while big bodies were refused"
     assert max(times) < 10, f"refusing big bodies took {times} s"
+    del huge, chat, big
     grown = rss_mb() - before
     assert grown < 100, f"the server kept {grown:.0f} MB after refusing big bodies"
     assert requests.get(url + "/health").status_code == 200

@@ -68,6 +68,7 @@ def _off(default):
 
 
 _EMPTY = lambda v: v is None or v == [] or v == {} or v == ""  # noqa: E731
+_UNSET = lambda v: v is None  # noqa: E731 - any value asks for something (guided_json={} asks for JSON)
 # field -> (is the value a no-op?, the fix). The values that do nothing are accepted; anything else is a 400.
 UNSUPPORTED = {
     "n": (_off(1), "speclab serve generates one choice per request: send n=1 (or n separate requests)"),
@@ -96,11 +97,11 @@ UNSUPPORTED = {
     "truncate_prompt_tokens": (lambda v: v is None, "speclab serve never truncates a prompt: shorten it yourself"),
     "response_format": (lambda v: v is None or v == {"type": "text"},
                         "speclab serve has no structured output: leave response_format unset (or {'type': 'text'})"),
-    "structured_outputs": (_EMPTY, "speclab serve has no structured output: leave structured_outputs unset"),
-    "guided_json": (_EMPTY, "speclab serve has no structured output: leave guided_json unset"),
-    "guided_regex": (_EMPTY, "speclab serve has no structured output: leave guided_regex unset"),
-    "guided_choice": (_EMPTY, "speclab serve has no structured output: leave guided_choice unset"),
-    "guided_grammar": (_EMPTY, "speclab serve has no structured output: leave guided_grammar unset"),
+    "structured_outputs": (_UNSET, "speclab serve has no structured output: leave structured_outputs unset"),
+    "guided_json": (_UNSET, "speclab serve has no structured output: leave guided_json unset"),
+    "guided_regex": (_UNSET, "speclab serve has no structured output: leave guided_regex unset"),
+    "guided_choice": (_UNSET, "speclab serve has no structured output: leave guided_choice unset"),
+    "guided_grammar": (_UNSET, "speclab serve has no structured output: leave guided_grammar unset"),
     "tools": (_EMPTY, "speclab serve has no tool calling: leave tools unset"),
     "tool_choice": (lambda v: v is None or v == "none", "speclab serve has no tool calling: leave tool_choice unset"),
     "functions": (_EMPTY, "speclab serve has no function calling: leave functions unset"),
