@@ -7,6 +7,7 @@
 """
 
 import dataclasses
+import numbers
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,7 +114,7 @@ class LLM:
         if model is not None and not isinstance(model, (str, Path)):
             raise TypeError(f"model must be None (the embedded target), a name such as 'smollm2', a checkpoint "
                             f"directory or a hub id, got {type(model).__name__} {model!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**63:
             raise ValueError(f"seed must be an integer in [0, 2**63 - 1] (the engine's int64 stream), got {seed!r}")
         spec = SpeculativeConfig.from_dict(speculative_config) if speculative_config is not None else None
         k = spec.num_speculative_tokens if spec else 0

@@ -131,6 +131,28 @@ def test_negative_seeds_are_accepted_as_vllm_does(url, offline):
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == want
 
 
+def test_a_failed_step_fails_its_request_and_the_server_keeps_serving(url, offline, monkeypatch):
+    """Item 2: the engine loop survives a failed step; the client hears why, with no path of this machine."""
+    wait_idle(url)
+    runner = url.server.llm.engine.runner
+    execute, calls = runner.execute, []
+
+    def fails_once(output):
+        calls.append(1)
+        if len(calls) == 1:
+            raise FileNotFoundError(2, "No such file", "/work/secret/kernel.so")
+        return execute(output)
+
+    monkeypatch.setattr(runner, "execute", fails_once)
+    err = assert_error(post(url, {"temperature": 0}), 500, "the engine step failed", "FileNotFoundError", "<path>")
+    assert "secret" not in err["message"]
+    assert requests.get(url + "/health").status_code == 200
+    want = offline.generate(PROMPT, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)[0].outputs[0].text
+    assert post(url, {"temperature": 0}).json()["choices"][0]["text"] == want
+    wait_idle(url)
+    assert metric(url, "speclab:request_success_total", finished_reason="error") >= 1
+
+
 # ----------------------------------------------------------------------------------------------
 # D11: fields the server cannot honour
 
@@ -454,12 +476,28 @@ def test_a_dead_engine_loop_exits_the_process_with_the_cause():
         proc.kill()
 
 
-def test_bench_serve_and_sweep_import_in_one_direction():
+def test_no_import_circle_inside_speclab_serve_in_function_imports_included():
+    """bench_serve <-> sweep was a circle of in-function imports (issue 18): sweep builds on bench_serve now."""
     import ast
+    from pathlib import Path
 
-    import speclab.serve.bench_serve as bench
-    imported = {n.module for n in ast.walk(ast.parse(open(bench.__file__).read()))
-                if isinstance(n, ast.ImportFrom) and n.module}
-    imported |= {a.name for n in ast.walk(ast.parse(open(bench.__file__).read())) if isinstance(n, ast.Import)
-                 for a in n.names}
-    assert "speclab.serve.sweep" not in imported, "bench_serve must not import sweep (sweep builds on it)"
+    import speclab.serve
+    root = Path(speclab.serve.__file__).parent
+    graph = {}
+    for path in root.glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):  # every import, in functions too
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            deps |= {n.split(".")[2] for n in names if n.startswith("speclab.serve.")}
+        graph[path.stem] = deps - {path.stem}
+    assert "sweep" in graph["cli"] and "bench_serve" in graph["sweep"] and "sweep" not in graph["bench_serve"]
+
+    def reach(a, seen):
+        for b in graph.get(a, ()):
+            if b not in seen:
+                seen.add(b)
+                reach(b, seen)
+        return seen
+    circles = [m for m in graph if m in reach(m, set())]
+    assert not circles, f"import circles through {circles}"

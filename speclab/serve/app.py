@@ -27,6 +27,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 import time
 from contextlib import asynccontextmanager
 
@@ -53,6 +54,14 @@ class APIError(Exception):
 
 def error_response(status: int, message: str, param: str | None = None, headers=None) -> JSONResponse:
     return JSONResponse(P.error_body(message, status, param=param), status, headers=headers)
+
+
+_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[/\\][\w.+~-]+){2,}[/\\]?")
+
+
+def scrub(message: str) -> str:
+    """An engine error for a client: any file path in it replaced by <path> (the log keeps the original)."""
+    return _PATH.sub("<path>", message)
 
 
 def max_token_chars(tokenizer) -> int:
@@ -162,7 +171,7 @@ class Server:
             return Response(status_code=499)
         text, n, reason, error = gather.result()
         if reason == "error":
-            raise APIError(500, f"generation failed: {error}")
+            raise APIError(500, scrub(f"generation failed: {error}"))
         choice = P.completion_choice(text, reason, chat, delta=False)
         return JSONResponse(P.response_body(rid, self.name, [choice], chat, False, P.usage(len(ids), n)))
 
@@ -186,7 +195,7 @@ class Server:
                 n += len(d.token_ids)
                 finished = d.finished
                 if d.finish_reason == "error":
-                    yield event(P.error_body(f"generation failed: {d.error}", 500))
+                    yield event(P.error_body(scrub(f"generation failed: {d.error}"), 500))
                     break
                 if d.text or d.finished or first:
                     choice = P.completion_choice(d.text, d.finish_reason if d.finished else None, chat, True, first)
