@@ -252,7 +252,7 @@ def test_full_server_answers_503_not_a_hang():
         assert client.completions.create(model=MODEL, prompt="def g():", max_tokens=4).usage.completion_tokens == 4
 
 
-def test_api_key_guards_v1_only():
+def test_api_key_guards_the_api():
     with running_server(["--api-key", "sekrit"]) as url:
         bad = openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0)
         with pytest.raises(openai.AuthenticationError):

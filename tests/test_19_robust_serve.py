@@ -277,6 +277,7 @@ def test_every_error_has_the_one_shape_and_a_message_that_helps(url):
                                headers={"Content-Type": "application/json"}), 400, "lone UTF-16 surrogate",
                  param="prompt")
     assert_error(post(url, {"stop": ["\ud800"]}), 400, "surrogate", param="stop")
+    assert_error(post(url, {"stop": [f"s{i}" for i in range(65)]}), 400, "at most 64", param="stop")
     assert_error(requests.post(url + "/v1/completions", json={"max_tokens": 2}), 400, "prompt is required",
                  param="prompt")
     assert_error(post(url, {"model": "gpt-9"}), 404, "gpt-9", param="model")

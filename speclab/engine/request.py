@@ -53,6 +53,10 @@ class Request:
     finish_reason: str | None = None
     error: str | None = None
     num_preemptions: int = 0
+    stop_set: frozenset = field(init=False, repr=False)  # params.stop_token_ids, for an O(1) check per token
+
+    def __post_init__(self):
+        self.stop_set = frozenset(self.params.stop_token_ids)
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -71,7 +75,7 @@ class Request:
         p = self.params
         for t in tokens:
             self.output_token_ids.append(t)
-            if t in p.stop_token_ids or (t == eos_token_id and not p.ignore_eos):
+            if t in self.stop_set or (t == eos_token_id and not p.ignore_eos):
                 self.finish("stop")
                 return
             if len(self.output_token_ids) >= p.max_tokens:

@@ -119,6 +119,7 @@ UNSUPPORTED = {
     "chat_template_kwargs": (_EMPTY, "the chat template takes no extra arguments here: leave chat_template_kwargs unset"),
 }
 _warned: set[str] = set()
+MAX_STOP_STRINGS, MAX_STOP_CHARS = 64, 16384  # OpenAI allows 4 stop strings; a bound keeps each step's search small
 
 
 def check_text(value: str, param: str) -> str:
@@ -172,6 +173,10 @@ class _SamplingRequest(OpenAIBaseModel):
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(not s for s in stops):
             raise RequestProblem("stop strings must be non-empty", "stop")
+        if len(stops) > MAX_STOP_STRINGS or sum(map(len, stops)) > MAX_STOP_CHARS:
+            raise RequestProblem(f"{len(stops)} stop strings of {sum(map(len, stops))} characters: at most "
+                                 f"{MAX_STOP_STRINGS} of {MAX_STOP_CHARS} characters in all (each is searched for "
+                                 f"after every step)", "stop")
         return [check_text(s, "stop") for s in stops]
 
     def to_sampling_params(self, default_max_tokens: int, extra_stop_token_ids=()) -> SamplingParams:
