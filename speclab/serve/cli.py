@@ -116,7 +116,7 @@ def build_server(args, on_dead=None):
         path = Path(args.chat_template)
         llm.tokenizer.chat_template = path.read_text() if path.is_file() else args.chat_template
     name = args.served_model_name or args.model or "speclab-target"
-    api_key = args.api_key if args.api_key is not None else os.environ.get("SPECLAB_API_KEY") or None
+    api_key = (args.api_key if args.api_key is not None else os.environ.get("SPECLAB_API_KEY")) or None
     server = Server(llm, name, args.max_pending_requests or 4 * args.max_num_seqs, api_key, on_dead)
     return server, build_app(server, body_limit)
 
