@@ -7,6 +7,7 @@
 """
 
 import dataclasses
+import numbers
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ from tqdm import tqdm
 from speclab.engine.config import EngineConfig
 from speclab.engine.llm_engine import LLMEngine, default_num_kv_blocks
 from speclab.engine.proposer import ProposerContext
+from speclab.engine.request import RequestFailedError
 from speclab.metrics import prometheus_text
 from speclab.models.hub import model_directory
 from speclab.models.llama import load_llama
@@ -100,6 +102,11 @@ class LLM:
                  block_size: int = 16, num_kv_blocks: int | None = None, kv_cache_gb: float = 1.0,
                  max_num_batched_tokens: int = 2048, max_num_seqs: int = 64, seed: int = 0,
                  dtype: torch.dtype | str = torch.float32, device: str = "cpu", verifier: str | None = None):
+        if model is not None and not isinstance(model, (str, Path)):
+            raise TypeError(f"model must be None (the embedded target), a name such as 'smollm2', a checkpoint "
+                            f"directory or a hub id, got {type(model).__name__} {model!r}")
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**63:
+            raise ValueError(f"seed must be an integer in [0, 2**63 - 1] (the engine's int64 stream), got {seed!r}")
         spec = SpeculativeConfig.from_dict(speculative_config) if speculative_config is not None else None
         k = spec.num_speculative_tokens if spec else 0
         check_dtype(dtype)
@@ -193,12 +200,14 @@ class LLM:
             bar.close()
         finally:
             self._lock.release()
+        outputs = [RequestOutput(req.request_id, text if isinstance(text, str) else None, req.prompt_token_ids,
+                                 [CompletionOutput(0, self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True),
+                                                   list(req.output_token_ids), req.finish_reason)])
+                   for text, req in zip(prompts, requests)]
         failed = [(i, r) for i, r in enumerate(requests) if r.finish_reason == "error"]
         if failed:
             i, r = failed[0]
-            raise RuntimeError(f"{len(failed)} of {len(requests)} requests failed; prompt {i}: {r.error} "
-                               f"(the others finished; this LLM remains usable)")
-        return [RequestOutput(req.request_id, text if isinstance(text, str) else None, req.prompt_token_ids,
-                              [CompletionOutput(0, self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True),
-                                                list(req.output_token_ids), req.finish_reason)])
-                for text, req in zip(prompts, requests)]
+            raise RequestFailedError(f"{len(failed)} of {len(requests)} requests failed; prompt {i}: {r.error} (the "
+                                     f"others finished: their outputs are in this error's .outputs; this LLM "
+                                     f"remains usable)", outputs)
+        return outputs

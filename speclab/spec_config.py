@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields
 
 from speclab.engine.proposer import SAMPLE_METHODS as DRAFT_SAMPLE_METHODS
 from speclab.engine.spec_policy import AdaptivePolicy, BatchSizeSchedule, SpecPolicy
-from speclab.models.heads import HEAD_METHODS, head_method
+from speclab.models.heads import head_method
 from speclab.proposers import METHODS as PROPOSERS
 from speclab.proposers import suffix
 from speclab.verify import LOSSY_RULES, get_rule
@@ -122,6 +122,8 @@ class SpeculativeConfig:
         elif self.method == "draft_model" and self.model is None:
             raise ValueError("method 'draft_model' needs a draft 'model' (a directory, a hub id, or 'draft' for "
                              "the embedded draft)")
+        elif self.method == "draft_model" and (head := head_method(self.model)) is not None:
+            raise ValueError(f"{self.model!r} is a head, not a draft model: use method {head!r}")
 
     def _validate_suffix(self) -> None:
         if self.model is not None:

@@ -57,8 +57,8 @@ def assert_idle(engine):
     (dict(top_k=2.5), "top_k must be 0 or -1"),
     (dict(max_tokens=0), "max_tokens must be at least 1"),
     (dict(max_tokens=4.0), "max_tokens must be at least 1"),
-    (dict(seed=-1), "seed must be a non-negative integer"),
-    (dict(seed=1.5), "seed must be a non-negative integer"),
+    (dict(seed=2**63), "seed must be an integer in the int64 range"),
+    (dict(seed=1.5), "seed must be an integer in the int64 range"),
     (dict(stop_token_ids=[1.0]), "stop_token_ids must be a list"),
     (dict(ignore_eos=1), "ignore_eos must be True or False"),
 ])

@@ -10,6 +10,7 @@ state, the runner runs the model (and the proposer), the proposer only proposes.
 """
 
 import itertools
+import logging
 import math
 import numbers
 import time
@@ -26,6 +27,8 @@ from speclab.kv_cache import KVCacheManager
 from speclab.metrics import SpecDecodingStats
 from speclab.models.llama import LlamaForCausalLM
 from speclab.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
@@ -95,6 +98,10 @@ class LLMEngine:
         if min(ids) < 0 or max(ids) >= V:
             raise ValueError(f"prompt token ids must be in [0, {V}) for this model's vocabulary, "
                              f"got {min(ids) if min(ids) < 0 else max(ids)}")
+        bad = next((t for t in params.stop_token_ids if t >= V), None)
+        if bad is not None:
+            raise ValueError(f"stop_token_ids must be in [0, {V}) for this model's vocabulary, got {bad}: "
+                             f"a token the model cannot produce never stops a request")
         total = len(ids) + params.max_tokens
         if total > self.max_model_len:
             raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
@@ -109,14 +116,15 @@ class LLMEngine:
     def add_request(self, prompt_token_ids, params: SamplingParams) -> Request:
         """Validate and queue one request. The request keeps its own copy of `params`."""
         ids = self.check_request(prompt_token_ids, params)
-        req = Request(str(next(self._ids)), ids, params.clone())
+        req = Request(str(next(self._ids)), ids, params.for_vocab(self.model.config.vocab_size))
         self.scheduler.add_request(req)
         return req
 
-    def abort(self, request_ids) -> list[Request]:
-        """Cancel requests (by id): blocks freed, proposer state dropped, finish_reason "abort"."""
+    def abort(self, request_ids, reason: str = "abort") -> list[Request]:
+        """Cancel requests (by id): blocks freed, proposer state dropped, finish_reason `reason` ("abort";
+        a server that saw a stop string in the text ends the request with "stop")."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-        done = self.scheduler.finish_requests(ids, "abort")
+        done = self.scheduler.finish_requests(ids, reason)
         self.runner.remove_requests([r.request_id for r in done])
         return done
 
@@ -124,8 +132,31 @@ class LLMEngine:
     # the loop
 
     def step(self) -> list[Request]:
-        """One forward over the scheduled batch. Returns the requests that finished."""
-        output = self.scheduler.schedule()
+        """One forward over the scheduled batch. Returns the requests that finished.
+
+        A step that raises (a bug, an out-of-memory, a kernel error) never takes the engine down:
+        the requests it scheduled finish with finish_reason "error" (their blocks freed), every other
+        request goes on, and the next step runs as usual. (A failure inside one request's rows, such
+        as NaN logits, is narrower still: the runner fails that request alone.)
+        """
+        try:
+            output = self.scheduler.schedule()
+        except Exception as e:  # noqa: BLE001 - the scheduler's invariants broke: nothing can progress
+            return self._fail(list(self.scheduler.requests), e, "schedule")
+        try:
+            return self._step(output)
+        except Exception as e:  # noqa: BLE001 - fail this step's requests, keep the engine
+            return self._fail([s.request.request_id for s in output.scheduled], e, "step")
+
+    def _fail(self, request_ids: list[str], e: Exception, where: str) -> list[Request]:
+        logger.error("the engine %s failed; finishing its %d request(s) with an error", where, len(request_ids),
+                     exc_info=e)
+        done = self.scheduler.finish_requests(request_ids, "error",
+                                              f"the engine {where} failed ({type(e).__name__}: {e})")
+        self.runner.remove_requests([r.request_id for r in done])
+        return done
+
+    def _step(self, output: SchedulerOutput) -> list[Request]:
         t0 = time.perf_counter()
         result = self.runner.execute(output)
         t_target = time.perf_counter() - t0
@@ -159,6 +190,27 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def set_max_model_len(self, max_model_len: int) -> None:
+        """Cap the context (prompt + output) requests may use (vLLM's --max-model-len): at most the
+        model's max_position_embeddings, and no more than the KV pool holds for one request."""
+        context = self.model.config.max_position_embeddings
+        if isinstance(max_model_len, bool) or not isinstance(max_model_len, numbers.Integral) or max_model_len < 1:
+            raise ValueError(f"max_model_len must be a positive integer, got {max_model_len!r}")
+        if max_model_len > context:
+            raise ValueError(f"max_model_len={max_model_len} exceeds the model's context (max_position_embeddings="
+                             f"{context}): use max_model_len <= {context}")
+        fits = self.pool_context_len()
+        if max_model_len > fits:
+            need = self.kv.blocks_for(max_model_len + self.config.num_lookahead_tokens)
+            raise ValueError(f"max_model_len={max_model_len} does not fit the KV pool ({self.kv.pool.num_blocks} blocks "
+                             f"of {self.kv.block_size} tokens hold one request of at most {fits} tokens): raise the "
+                             f"pool to >= {need} blocks or use max_model_len <= {fits}")
+        self.max_model_len = int(max_model_len)
+
+    def pool_context_len(self) -> int:
+        """The longest request (prompt + output) the whole KV pool can hold, lookahead slots included."""
+        return self.kv.pool.num_blocks * self.kv.block_size - self.config.num_lookahead_tokens
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams], on_finish=None) -> list[Request]:
         """Run requests to completion: the one way to drive the engine (LLM, bench, lessons, tests).

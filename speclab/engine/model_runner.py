@@ -91,8 +91,9 @@ class ModelRunner:
         if not sampling:
             return result
         logits = self.model.compute_logits(hidden[torch.cat(rows).to(self.device)])  # (T + B, V)
-        if not bool(torch.isfinite(logits).all()):  # one reduction per step; the rest only when it fails
-            sampling, logits = self._drop_non_finite(sampling, logits, result.errors)
+        unusable = {i: why for i, s in enumerate(sampling) if (why := s.request.params.engine_problem())}
+        if unusable or not bool(torch.isfinite(logits).all()):  # one reduction per step; the rest when it fails
+            sampling, logits = self._drop_failed(sampling, logits, result.errors, unusable)
         if sampling and all(s.request.params.greedy for s in sampling):  # vLLM's all_greedy fast path
             result.sampled = self.verify_greedy(sampling, logits)
         elif sampling:
@@ -102,13 +103,14 @@ class ModelRunner:
         return result
 
     @staticmethod
-    def _drop_non_finite(sampling, logits, errors: dict[str, str]):
-        """Fail the requests whose rows hold NaN or inf; return the others and their rows."""
+    def _drop_failed(sampling, logits, errors: dict[str, str], unusable: dict[int, str]):
+        """Fail the requests whose rows hold NaN or inf, or whose params cannot become the sampler's
+        float32/int64 rows (`unusable`, by index); return the others and their rows."""
         sizes = torch.tensor([s.num_draft_tokens + 1 for s in sampling])
         owner = torch.repeat_interleave(torch.arange(len(sampling)), sizes).to(logits.device)  # (T + B,)
-        bad = set(owner[~torch.isfinite(logits).all(-1)].tolist())
+        bad = set(owner[~torch.isfinite(logits).all(-1)].tolist()) | set(unusable)
         for i in sorted(bad):
-            errors[sampling[i].request.request_id] = "the model produced NaN or inf logits"
+            errors[sampling[i].request.request_id] = unusable.get(i, "the model produced NaN or inf logits")
         keep = torch.tensor([int(i) not in bad for i in owner.tolist()], device=logits.device)
         return [s for i, s in enumerate(sampling) if i not in bad], logits[keep]
 

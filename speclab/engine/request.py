@@ -21,6 +21,15 @@ class RequestStatus(enum.Enum):
 FINISH_REASONS = ("stop", "length", "abort", "error")
 
 
+class RequestFailedError(RuntimeError):
+    """Some requests of a batch failed (finish_reason "error"); `outputs` holds every request's output,
+    the ones that finished included, so that one bad request never costs the others their results."""
+
+    def __init__(self, message: str, outputs: list):
+        super().__init__(message)
+        self.outputs = outputs
+
+
 @dataclass
 class Request:
     """One prompt being generated.
@@ -44,6 +53,10 @@ class Request:
     finish_reason: str | None = None
     error: str | None = None
     num_preemptions: int = 0
+    stop_set: frozenset = field(init=False, repr=False)  # params.stop_token_ids, for an O(1) check per token
+
+    def __post_init__(self):
+        self.stop_set = frozenset(self.params.stop_token_ids)
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -62,7 +75,7 @@ class Request:
         p = self.params
         for t in tokens:
             self.output_token_ids.append(t)
-            if t in p.stop_token_ids or (t == eos_token_id and not p.ignore_eos):
+            if t in self.stop_set or (t == eos_token_id and not p.ignore_eos):
                 self.finish("stop")
                 return
             if len(self.output_token_ids) >= p.max_tokens:

@@ -216,9 +216,14 @@ class Scheduler:
             if req is not None and req.status == RequestStatus.RUNNING:
                 req.spec_token_ids, req.spec_draft_probs = list(token_ids), draft_probs
 
-    def finish_requests(self, request_ids, reason: str = "abort") -> list[Request]:
+    def finish_requests(self, request_ids, reason: str = "abort", error: str | None = None) -> list[Request]:
         """Finish (abort) unfinished requests now: blocks freed, nothing more scheduled. Unknown or
-        already finished ids are ignored. Returns the requests finished here."""
+        already finished ids are ignored. Returns the requests finished here.
+
+        Args:
+            reason: the finish_reason they get ("abort"; "stop" for a stop string the server saw;
+                "error" with `error` saying why).
+        """
         done = []
         for rid in request_ids:
             req = self.requests.get(rid)
@@ -226,7 +231,7 @@ class Scheduler:
                 continue
             if req.status == RequestStatus.WAITING:
                 self.waiting.remove(req)
-            req.finish(reason)
+            req.finish(reason, error)
             self._free(req)
             done.append(req)
         return done

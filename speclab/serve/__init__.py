@@ -1,12 +1,15 @@
 """speclab serve: an OpenAI-compatible server with vLLM's metrics, and `speclab bench serve` (lesson 09).
 
-    app.py           routes (FastAPI): completions, chat, models, health, metrics
-    protocol.py      request/response shapes, validation into SamplingParams, the error shape
-    async_engine.py  one engine loop (a thread) batching every client's requests, aborts, timings
-    detokenize.py    incremental text with stop strings
+    app.py           routes (FastAPI): completions, chat, models, health, metrics; one error shape
+    middleware.py    the body-size limit (413) and the API key guard (ASGI)
+    protocol.py      request/response shapes, validation into SamplingParams, fields refused with a 400
+    async_engine.py  one engine loop (a thread) batching every client's requests, aborts, timings,
+                     and the one owner of what a request produced and why it ended
+    detokenize.py    incremental text with stop strings (tokens past a stop are dropped)
     metrics.py       vLLM's Prometheus metrics under the `speclab:` prefix
     cli.py           the `speclab` command (serve, bench serve)
-    bench_serve.py   the serving benchmark and its concurrency sweep
+    bench_serve.py   the serving benchmark (as `vllm bench serve`)
+    sweep.py         the concurrency sweep, built on bench_serve
 
 Nothing here is imported by the engine or by `speclab` itself: the server's libraries (FastAPI,
 uvicorn) come with the `serve` extra.

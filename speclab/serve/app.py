@@ -4,20 +4,30 @@
     GET  /v1/models, /health, /version, /metrics   /metrics: prometheus_client's text format
     GET  /debug/state                              running/waiting/free KV blocks (speclab only)
 
-With --api-key, /v1 paths need `Authorization: Bearer <key>` (401 {"error": "Unauthorized"} otherwise,
-as vLLM answers); /health and /metrics stay open.
+With an API key (--api-key or SPECLAB_API_KEY) every route but health, version, metrics and the docs
+needs `Authorization: Bearer <key>` (middleware.py).
 
-Status codes as vLLM's: a body that fails validation or a parameter out of range -> 400 (not
-FastAPI's 422) in the shape {"error": {"message", "type", "param", "code"}}; an unknown model ->
-404; the server full -> 503 with Retry-After; the engine dead -> 503 on /health. A client that
-disconnects (mid-stream or while waiting for a whole response) has its request aborted in the
-engine, which frees its KV blocks at once.
+One request can never take the server or another request down:
+  * every 4xx/5xx has one shape, {"error": {"message", "type", "param", "code"}}, whose message names
+    the field and the fix and never a path of this machine: a body that fails validation or a
+    parameter out of range (checked in the float32/int64 form the engine uses) -> 400 (not FastAPI's
+    422), a field the server cannot honour -> 400 naming it (protocol.UNSUPPORTED), an unknown model
+    or path -> 404, a body over --max-request-body-bytes -> 413, the server full -> 503 with
+    Retry-After, the engine dead -> 503 on /health;
+  * prompts are tokenized off the event loop, and a string prompt certainly longer than the context
+    (more characters than max_model_len tokens can cover) is refused before it is tokenized;
+  * a failed engine step fails only its own requests (the loop goes on); a client that disconnects
+    (mid-stream or while waiting for a whole response) has its request aborted in the engine, which
+    frees its KV blocks at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import math
+import re
 import time
 from contextlib import asynccontextmanager
 
@@ -25,11 +35,15 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from speclab.serve import protocol as P
 from speclab.serve.async_engine import AsyncEngine, Delta, EngineDeadError, QueueFullError
-from speclab.serve.detokenize import TextStream
 from speclab.serve.metrics import ServingMetrics
+from speclab.serve.middleware import APIKey, BodyLimit
+
+logger = logging.getLogger(__name__)
+DEFAULT_MAX_BODY_BYTES = 2**20
 
 
 class APIError(Exception):
@@ -39,8 +53,21 @@ class APIError(Exception):
 
 
 def error_response(status: int, message: str, param: str | None = None, headers=None) -> JSONResponse:
-    return JSONResponse(P.error_body(message, status, P.ERROR_TYPES.get(status, "Error"), param), status,
-                        headers=headers)
+    return JSONResponse(P.error_body(message, status, param=param), status, headers=headers)
+
+
+_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[/\\][\w.+~-]+){2,}[/\\]?")
+
+
+def scrub(message: str) -> str:
+    """An engine error for a client: any file path in it replaced by <path> (the log keeps the original)."""
+    return _PATH.sub("<path>", message)
+
+
+def max_token_chars(tokenizer) -> int:
+    """The most input characters one token can cover (its longest vocabulary string): a text of n
+    characters is at least ceil(n / this) tokens, whatever the tokenizer makes of it."""
+    return max(1, max((len(t) for t in tokenizer.get_vocab()), default=1))
 
 
 class Server:
@@ -50,75 +77,89 @@ class Server:
         llm: a speclab.LLM (its engine, tokenizer and speculative config are served).
         served_model_name: the name clients send as `model` (and the metrics' model_name label).
         max_pending: requests held at once (running + waiting) before new ones get 503.
+        api_key: the key every non-public route needs (None: no key).
+        on_dead: called with the cause if the engine loop ever dies (the CLI exits the process).
     """
 
-    def __init__(self, llm, served_model_name: str, max_pending: int, api_key: str | None = None):
+    def __init__(self, llm, served_model_name: str, max_pending: int, api_key: str | None = None, on_dead=None):
         self.llm, self.tokenizer, self.name, self.api_key = llm, llm.tokenizer, served_model_name, api_key
         spec = llm.engine.stats if llm.speculative_config is not None else None
-        self.metrics = ServingMetrics(served_model_name, spec)
-        self.engine = AsyncEngine(llm.engine, self.metrics, max_pending)
+        self.metrics = ServingMetrics(served_model_name, spec,
+                                      num_preemptions=lambda: llm.engine.scheduler.num_preemptions)
+        self.engine = AsyncEngine(llm.engine, self.metrics, max_pending, llm.tokenizer, on_dead)
         self.created = int(time.time())
+        self.token_chars = max_token_chars(llm.tokenizer)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.llm.engine.max_model_len
 
     # ------------------------------------------------------------------------------------------
-    # request -> (prompt ids, params)
+    # request -> (prompt ids, params, stop strings); runs in a worker thread, never on the event loop
 
     def prepare(self, body: P._SamplingRequest, chat: bool):
         if body.model is not None and body.model != self.name:
-            raise APIError(404, f"The model `{body.model}` does not exist.", "model")
-        problem = body.unsupported()
-        if problem:
-            raise APIError(400, problem)
+            raise APIError(404, f"The model `{body.model}` does not exist: this server serves `{self.name}`", "model")
         try:
-            if chat:
-                from speclab.chat import chat_prompt_ids, chat_stop_token_ids
-                msgs = [m.model_dump() for m in body.messages]
-                ids, extra_stop = chat_prompt_ids(self.tokenizer, msgs), chat_stop_token_ids(self.tokenizer)
-                params = body.to_sampling_params(self.default_max_tokens(len(ids)), extra_stop)
-            else:
-                prompt = body.single_prompt()
-                ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-                params, extra_stop = body.to_sampling_params(16), ()
+            body.check_supported()
+            ids, params = self._chat(body) if chat else self._completion(body)
             stops = body.stop_strings()
             return self.engine.check(ids, params), params, stops
-        except (ValueError, TypeError) as e:
-            raise APIError(400, str(e)) from e
+        except P.RequestProblem as e:
+            raise APIError(400, str(e), e.param) from None
+        except (ValueError, TypeError) as e:  # the engine's checks: context, vocabulary, KV pool
+            raise APIError(400, str(e), "max_tokens" if "max_tokens" in str(e) else "prompt") from None
 
-    def default_max_tokens(self, prompt_len: int) -> int:
-        """Chat: like OpenAI, an unset max_tokens means 'up to the context' (vLLM: max_model_len - prompt)."""
-        return max(1, self.llm.engine.max_model_len - prompt_len)
+    def _completion(self, body: P.CompletionRequest):
+        prompt = body.prompt_text_or_ids()
+        if isinstance(prompt, str):
+            self._refuse_certainly_too_long(len(prompt), "prompt")
+            prompt = self.tokenizer.encode(prompt, add_special_tokens=body.field("add_special_tokens", True) is not False)
+        return prompt, body.to_sampling_params(16)
 
-    def submit(self, ids, params):
+    def _chat(self, body: P.ChatCompletionRequest):
+        from speclab.chat import chat_prompt_ids, chat_stop_token_ids
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise P.RequestProblem(f"the model `{self.name}` has no chat template: start the server with "
+                                   f"--chat-template FILE, or send plain text to /v1/completions", "messages")
+        msgs = body.message_dicts()
+        self._refuse_certainly_too_long(sum(len(m["content"]) for m in msgs), "messages")
+        ids = chat_prompt_ids(self.tokenizer, msgs, body.field("add_generation_prompt", True) is not False)
+        params = body.to_sampling_params(max(1, self.max_model_len - len(ids)), chat_stop_token_ids(self.tokenizer))
+        return ids, params
+
+    def _refuse_certainly_too_long(self, num_chars: int, param: str) -> None:
+        at_least = math.ceil(num_chars / self.token_chars)
+        if at_least >= self.max_model_len:
+            raise P.RequestProblem(f"the {param} has {num_chars} characters, so at least {at_least} tokens (no token "
+                                   f"of this model covers more than {self.token_chars} characters), and the context "
+                                   f"is {self.max_model_len} tokens (prompt + max_tokens): shorten the {param}", param)
+
+    def submit(self, ids, params, stops):
         try:
-            return self.engine.add(ids, params)
-        except QueueFullError as e:
-            raise APIError(503, str(e)) from e
-        except EngineDeadError as e:
+            return self.engine.add(ids, params, stops)
+        except (QueueFullError, EngineDeadError) as e:
             raise APIError(503, str(e)) from e
 
     # ------------------------------------------------------------------------------------------
     # generation
 
-    async def deltas(self, key, stream: asyncio.Queue, text: TextStream):
-        """(text delta, Delta) per engine step until the request ends; stop strings end it here."""
+    @staticmethod
+    async def deltas(stream: asyncio.Queue):
+        """The request's Deltas until it ends (the engine thread detokenizes and applies stop strings)."""
         while True:
             d: Delta = await stream.get()
-            piece = text.push(d.token_ids, d.finished)
-            if text.stopped:  # the text ends before the stop string: finish_reason "stop" (OpenAI's rule)
-                if not d.finished:
-                    self.engine.abort(key, "stop")
-                d = Delta(d.token_ids, True, "stop")
-            yield piece, d
+            yield d
             if d.finished:
                 return
 
     async def complete(self, body, chat: bool, request: Request):
-        ids, params, stops = self.prepare(body, chat)
-        key, stream = self.submit(ids, params)
+        ids, params, stops = await asyncio.to_thread(self.prepare, body, chat)
+        key, stream = self.submit(ids, params, stops)
         rid = P.new_id("chatcmpl" if chat else "cmpl")
         if body.stream:
-            return StreamingResponse(self.sse(key, stream, body, chat, rid, len(ids), stops),
-                                     media_type="text/event-stream")
-        gather = asyncio.ensure_future(self.collect(key, stream, stops))
+            return StreamingResponse(self.sse(key, stream, body, chat, rid, len(ids)), media_type="text/event-stream")
+        gather = asyncio.ensure_future(self.collect(stream))
         gone = asyncio.ensure_future(wait_for_disconnect(request))
         try:
             await asyncio.wait([gather, gone], return_when=asyncio.FIRST_COMPLETED)
@@ -130,35 +171,36 @@ class Server:
             return Response(status_code=499)
         text, n, reason, error = gather.result()
         if reason == "error":
-            raise APIError(500, f"generation failed: {error}")
+            raise APIError(500, scrub(f"generation failed: {error}"))
         choice = P.completion_choice(text, reason, chat, delta=False)
         return JSONResponse(P.response_body(rid, self.name, [choice], chat, False, P.usage(len(ids), n)))
 
-    async def collect(self, key, stream, stops):
-        text, n, last = TextStream(self.tokenizer, stops), 0, None
-        out = []
-        async for piece, d in self.deltas(key, stream, text):
-            out.append(piece)
+    async def collect(self, stream):
+        pieces, n, last = [], 0, None
+        async for d in self.deltas(stream):
+            pieces.append(d.text)
             n += len(d.token_ids)
             last = d
-        return "".join(out), n, last.finish_reason, last.error
+        return "".join(pieces), n, last.finish_reason, last.error
 
-    async def sse(self, key, stream, body, chat: bool, rid: str, prompt_len: int, stops):
+    async def sse(self, key, stream, body, chat: bool, rid: str, prompt_len: int):
         """Server-sent events: one `data: {json}` per engine step, usage last if asked, then [DONE]."""
         finished, first, n = False, True, 0
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        opts = body.stream_options
+        include_usage, every = opts is not None and opts.include_usage, opts is not None and opts.continuous_usage_stats
         created = int(time.time())
         event = lambda obj: f"data: {json.dumps(obj)}\n\n"  # noqa: E731
         try:
-            async for piece, d in self.deltas(key, stream, TextStream(self.tokenizer, stops)):
+            async for d in self.deltas(stream):
                 n += len(d.token_ids)
                 finished = d.finished
                 if d.finish_reason == "error":
-                    yield event(P.error_body(f"generation failed: {d.error}", 500, "InternalServerError"))
+                    yield event(P.error_body(scrub(f"generation failed: {d.error}"), 500))
                     break
-                if piece or d.finished or first:
-                    choice = P.completion_choice(piece, d.finish_reason if d.finished else None, chat, True, first)
-                    yield event(P.response_body(rid, self.name, [choice], chat, True, created=created))
+                if d.text or d.finished or first:
+                    choice = P.completion_choice(d.text, d.finish_reason if d.finished else None, chat, True, first)
+                    yield event(P.response_body(rid, self.name, [choice], chat, True,
+                                                P.usage(prompt_len, n) if every else None, created))
                     first = False
             if include_usage:
                 yield event(P.response_body(rid, self.name, [], chat, True, P.usage(prompt_len, n), created))
@@ -176,7 +218,47 @@ async def wait_for_disconnect(request: Request) -> None:
             return
 
 
-def build_app(server: Server) -> FastAPI:
+def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """FastAPI's first validation error as (message naming the field, param)."""
+    err = exc.errors()[0] if exc.errors() else {}
+    loc = [str(x) for x in err.get("loc", ())[1:]]
+    if err.get("type") == "json_invalid":  # loc holds a character offset, not a field
+        return f"the body is not valid JSON ({err.get('ctx', {}).get('error', 'parse error')}): send a JSON object", None
+    param = ".".join(loc) or None
+    if err.get("type") == "missing":
+        return f"{param} is required", param
+    msg = err.get("msg", "invalid request")
+    return (f"{param}: {msg}" if param else msg), param
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Every error in one shape (protocol.error_body), with no path or traceback of this machine."""
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request, exc: RequestValidationError):
+        return error_response(400, *validation_message(exc))
+
+    @app.exception_handler(APIError)
+    async def _api_error(request, exc: APIError):
+        return error_response(exc.status, exc.message, exc.param,
+                              headers={"Retry-After": "1"} if exc.status == 503 else None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request, exc: StarletteHTTPException):
+        message = {404: f"no route {request.method} {request.url.path}: the API is /v1/completions, "
+                        f"/v1/chat/completions and /v1/models",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
+        if exc.detail == "There was an error parsing the body":
+            message = "the body could not be parsed: send UTF-8 encoded JSON"
+        return error_response(exc.status_code, message)
+
+    @app.exception_handler(Exception)
+    async def _internal(request, exc: Exception):
+        logger.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(500, f"internal server error ({type(exc).__name__}); the server logged the details")
+
+
+def build_app(server: Server, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app):
         server.engine.start()
@@ -185,27 +267,10 @@ def build_app(server: Server) -> FastAPI:
 
     app = FastAPI(title="speclab serve", lifespan=lifespan)
     app.state.server = server
-
+    add_error_handlers(app)
+    app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)
     if server.api_key is not None:
-        @app.middleware("http")
-        async def authenticate(request: Request, call_next):
-            """vLLM's --api-key: only /v1 paths are guarded; a wrong or missing key gets 401."""
-            if request.method != "OPTIONS" and request.url.path.startswith("/v1") and \
-                    request.headers.get("authorization") != f"Bearer {server.api_key}":
-                return JSONResponse({"error": "Unauthorized"}, status_code=401)
-            return await call_next(request)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request, exc: RequestValidationError):
-        err = exc.errors()[0] if exc.errors() else {}
-        param = ".".join(str(x) for x in err.get("loc", ())[1:]) or None
-        return error_response(400, f"{err.get('msg', 'invalid request')} ({param})" if param else
-                              err.get("msg", "invalid request"), param)
-
-    @app.exception_handler(APIError)
-    async def _api_error(request, exc: APIError):
-        return error_response(exc.status, exc.message, exc.param,
-                              headers={"Retry-After": "1"} if exc.status == 503 else None)
+        app.add_middleware(APIKey, api_key=server.api_key)  # added last: outermost, before the body is read
 
     @app.post("/v1/completions")
     async def completions(body: P.CompletionRequest, request: Request):
@@ -218,7 +283,7 @@ def build_app(server: Server) -> FastAPI:
     @app.get("/v1/models")
     async def models():
         card = {"id": server.name, "object": "model", "created": server.created, "owned_by": "speclab",
-                "root": server.name, "parent": None, "max_model_len": server.llm.engine.max_model_len}
+                "root": server.name, "parent": None, "max_model_len": server.max_model_len}
         return {"object": "list", "data": [card]}
 
     @app.get("/health")

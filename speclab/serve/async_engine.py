@@ -12,21 +12,35 @@ Only the engine thread touches the LLMEngine (it is not thread-safe). Requests f
 in the one scheduler, so they are batched continuously: a request that arrives mid-generation joins
 the next step. The thread also stamps each request's timings (arrival, first token, each step's
 tokens) for the latency metrics: the serving layer owns timing, the engine does not.
+
+The same thread detokenizes and checks stop strings (vLLM's output processor), so one place decides
+what a request produced and why it ended: the Delta a client receives and the metrics' counts are
+made from the same tokens and the same finish_reason (a stop string completed by the last allowed
+token is "stop" for both; tokens after a stop string are neither sent nor counted).
+
+A failed engine step fails only its requests (LLMEngine.step). Should the loop itself ever die, every
+waiting client hears of it, /health answers 503 and `on_dead` is called with the cause (the CLI
+exits the process then, as vLLM's watchdog does, so a supervisor can restart it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from speclab.engine.llm_engine import LLMEngine
 from speclab.engine.request import Request
 from speclab.sampling_params import SamplingParams
+from speclab.serve.detokenize import TextStream
 from speclab.serve.metrics import ServingMetrics
+
+logger = logging.getLogger(__name__)
 
 
 class QueueFullError(RuntimeError):
@@ -39,9 +53,10 @@ class EngineDeadError(RuntimeError):
 
 @dataclass
 class Delta:
-    """New tokens of one request from one engine step (or its end)."""
+    """New tokens of one request from one engine step (or its end), and the text they add."""
 
     token_ids: list[int]
+    text: str = ""
     finished: bool = False
     finish_reason: str | None = None
     error: str | None = None
@@ -54,7 +69,9 @@ class _Tracked:
     stream: asyncio.Queue
     loop: asyncio.AbstractEventLoop
     arrival: float
-    sent: int = 0
+    text: TextStream
+    sent: int = 0  # engine tokens looked at (kept ones go to the client)
+    num_kept: int = 0
     first: float | None = None
     last: float | None = None
     reason: str | None = None  # set when the server ends it (stop string, client gone)
@@ -66,10 +83,14 @@ class AsyncEngine:
         engine: the LLMEngine to drive (owned by the loop thread from now on).
         metrics: where timings and counts go.
         max_pending: the most requests held at once (running + waiting); one more gets QueueFullError.
+        tokenizer: decodes each request's tokens (stop strings are found in the text).
+        on_dead: called (from the loop thread) with the exception if the loop ever dies.
     """
 
-    def __init__(self, engine: LLMEngine, metrics: ServingMetrics, max_pending: int):
+    def __init__(self, engine: LLMEngine, metrics: ServingMetrics, max_pending: int, tokenizer,
+                 on_dead: Callable[[BaseException], None] | None = None):
         self.engine, self.metrics, self.max_pending = engine, metrics, max_pending
+        self.tokenizer, self.on_dead = tokenizer, on_dead
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -99,9 +120,9 @@ class AsyncEngine:
         """Validate a request without queueing it (reads only constants of the engine): ValueError -> 400."""
         return self.engine.check_request(prompt_ids, params)
 
-    def add(self, prompt_ids: list[int], params: SamplingParams) -> tuple[int, asyncio.Queue]:
+    def add(self, prompt_ids: list[int], params: SamplingParams, stop: list[str] = ()) -> tuple[int, asyncio.Queue]:
         """Queue a request without waiting for the engine thread; returns the key that `abort` takes
-        and the asyncio.Queue its Deltas arrive on."""
+        and the asyncio.Queue its Deltas arrive on. `stop`: stop strings (the text ends before them)."""
         if not self.alive:
             raise EngineDeadError(f"the engine loop has stopped: {self.error!r}")
         with self._lock:
@@ -110,13 +131,14 @@ class AsyncEngine:
                                      f"retry later, or start it with a larger --max-pending-requests")
             self._num_pending += 1
         key, stream = next(self._keys), asyncio.Queue()
-        self._commands.put(("add", key, prompt_ids, params, stream, asyncio.get_running_loop(), time.monotonic()))
+        self._commands.put(("add", key, prompt_ids, params, stream, asyncio.get_running_loop(), time.monotonic(),
+                            list(stop)))
         self._wake.set()
         return key, stream
 
-    def abort(self, key: int, reason: str = "abort") -> None:
-        """End a request now (client gone: "abort"; stop string seen: "stop"); its blocks are freed."""
-        self._commands.put(("abort", key, reason))
+    def abort(self, key: int) -> None:
+        """End a request now (the client is gone: finish_reason "abort"); its blocks are freed."""
+        self._commands.put(("abort", key, "abort"))
         self._wake.set()
 
     # ------------------------------------------------------------------------------------------
@@ -135,10 +157,13 @@ class AsyncEngine:
                     self._wake.clear()
         except BaseException as e:  # noqa: BLE001 - every waiting client must hear of it
             self.error = e
+            logger.critical("the engine loop died: %r", e, exc_info=e)
             for t in list(self._tracked.values()):
-                self._finish(t, "error", error=f"the engine failed: {e!r}")
+                self._finish(t, "error", error=f"the engine loop stopped ({type(e).__name__})")
         finally:
             self._drain_after_stop()
+        if self.error is not None and self.on_dead is not None:
+            self.on_dead(self.error)
 
     def _drain_after_stop(self) -> None:
         """Answer any request that arrived after the loop ended, so that no handler waits forever."""
@@ -150,7 +175,7 @@ class AsyncEngine:
             if cmd[0] == "add":
                 with self._lock:
                     self._num_pending -= 1
-                cmd[5].call_soon_threadsafe(cmd[4].put_nowait, Delta([], True, "error", "the engine loop has stopped"))
+                cmd[5].call_soon_threadsafe(cmd[4].put_nowait, Delta([], "", True, "error", "the engine loop has stopped"))
 
     def _apply_commands(self) -> None:
         while True:
@@ -159,22 +184,21 @@ class AsyncEngine:
             except queue.Empty:
                 return
             if cmd[0] == "add":
-                _, key, ids, params, stream, loop, arrival = cmd
+                _, key, ids, params, stream, loop, arrival, stop = cmd
                 try:
                     req = self.engine.add_request(ids, params)
                 except Exception as e:  # noqa: BLE001 - checked before, but the client must hear of it
                     with self._lock:
                         self._num_pending -= 1
-                    loop.call_soon_threadsafe(stream.put_nowait, Delta([], True, "error", str(e)))
+                    loop.call_soon_threadsafe(stream.put_nowait, Delta([], "", True, "error", str(e)))
                     continue
-                self._tracked[key] = _Tracked(key, req, stream, loop, arrival)
+                self._tracked[key] = _Tracked(key, req, stream, loop, arrival, TextStream(self.tokenizer, stop))
             else:
                 _, key, reason = cmd
                 t = self._tracked.get(key)
-                if t is not None and not t.done:
-                    t.reason = reason
-                    self.engine.abort([t.request.request_id])
-                    self._emit_one(t, time.monotonic())
+                if t is not None and not t.done:  # (its tokens so far were sent after the last step)
+                    self.engine.abort([t.request.request_id], reason)
+                    self._finish(t, reason)
 
     def _emit(self) -> None:
         now = time.monotonic()
@@ -183,26 +207,36 @@ class AsyncEngine:
         self._publish_state()
 
     def _emit_one(self, t: _Tracked, now: float) -> None:
+        """Send a request's new tokens and text; end it here when its text reaches a stop string."""
         req = t.request
         new = req.output_token_ids[t.sent:]
-        if new:
-            self.metrics.observe_tokens(len(new), t.first is None, len(req.prompt_token_ids),
+        t.sent = len(req.output_token_ids)
+        if not new and not req.is_finished:
+            return
+        kept, piece = t.text.push(new, req.is_finished)
+        if t.text.stopped:  # the text ends before the stop string: "stop" (OpenAI's rule), for client and metrics
+            t.reason = "stop"
+            if not req.is_finished:
+                self.engine.abort([req.request_id], "stop")
+        if kept:
+            self.metrics.observe_tokens(len(kept), t.first is None, len(req.prompt_token_ids),
                                         now - (t.arrival if t.first is None else t.last))
             t.first = now if t.first is None else t.first
-            t.last, t.sent = now, len(req.output_token_ids)
+            t.last, t.num_kept = now, t.num_kept + len(kept)
         if req.is_finished:
-            self._finish(t, t.reason or req.finish_reason, new, req.error)
-        elif new:
-            t.loop.call_soon_threadsafe(t.stream.put_nowait, Delta(list(new)))
+            self._finish(t, t.reason or req.finish_reason, kept, piece, req.error)
+        elif kept or piece:
+            t.loop.call_soon_threadsafe(t.stream.put_nowait, Delta(kept, piece))
 
-    def _finish(self, t: _Tracked, reason: str, new=(), error: str | None = None) -> None:
+    def _finish(self, t: _Tracked, reason: str, new=(), piece: str = "", error: str | None = None) -> None:
+        """The one place a request's finish_reason is decided: the client's last Delta and the metrics get it."""
         t.done = True
         self._tracked.pop(t.key, None)
         with self._lock:
             self._num_pending -= 1
         end = t.last if t.last is not None else time.monotonic()
-        self.metrics.observe_finished(reason, end - t.arrival, (t.last or end) - (t.first or end), t.sent)
-        t.loop.call_soon_threadsafe(t.stream.put_nowait, Delta(list(new), True, reason, error))
+        self.metrics.observe_finished(reason, end - t.arrival, (t.last or end) - (t.first or end), t.num_kept)
+        t.loop.call_soon_threadsafe(t.stream.put_nowait, Delta(list(new), piece, True, reason, error))
 
     def _publish_state(self) -> None:
         s, kv = self.engine.scheduler, self.engine.kv

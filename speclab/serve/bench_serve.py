@@ -11,7 +11,8 @@ speculation one chunk carries every token a step accepted); E2EL = send -> last 
 the final usage chunk. Throughputs divide by the run's wall time. Acceptance comes from diffing
 the server's `speclab:spec_decode_*` counters on /metrics before and after the run.
 
-The sweep over concurrencies, with and without speculation, is in `speclab.serve.sweep`.
+The sweep over concurrencies, with and without speculation, is in `speclab.serve.sweep`, which
+builds on this module (never the other way round; the `speclab` command wires `--sweep` to it).
 """
 
 from __future__ import annotations
@@ -64,8 +65,6 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-result", action="store_true", help="write the result as JSON")
     p.add_argument("--result-dir", default=".")
     p.add_argument("--result-filename", default=None)
-    from speclab.serve.sweep import add_sweep_args
-    add_sweep_args(p)
 
 
 def load_dataset(name: str | None, model: str | None) -> tuple[list, bool]:
@@ -273,9 +272,6 @@ def benchmark(args, base_url: str | None = None, verbose: bool = True) -> dict:
 
 
 def main(args) -> None:
-    if args.sweep:
-        from speclab.serve.sweep import main as sweep_main
-        return sweep_main(args)
     r = benchmark(args)
     if args.save_result:
         rate = r["request_rate"]

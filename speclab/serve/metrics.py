@@ -3,8 +3,11 @@
     speclab:num_requests_running / _waiting          gauges, set after every engine step
     speclab:kv_cache_usage_perc                      gauge, fraction 0-1 of KV blocks in use
     speclab:prompt_tokens_total                      a request's prompt, added when its first token comes
-    speclab:generation_tokens_total                  every emitted token (accepted drafts + the bonus)
-    speclab:request_success_total{finished_reason}   stop / length / abort / error, each pre-created at 0
+    speclab:generation_tokens_total                  every token sent to a client (accepted drafts + the
+                                                     bonus; none after a stop string)
+    speclab:request_success_total{finished_reason}   stop / length / abort / error, each pre-created at 0:
+                                                     the finish_reason the client was told, counted once
+    speclab:num_preemptions_total                    requests preempted (recomputed later), as vLLM's
     speclab:time_to_first_token_seconds              histogram: arrival -> the step that emits token 1
     speclab:inter_token_latency_seconds              histogram: one observation per engine step per request
     speclab:time_per_output_token_seconds            the same observations (vLLM's deprecated name)
@@ -58,14 +61,29 @@ class SpecDecodeCollector:
         yield fam
 
 
+class PreemptionCollector:
+    """Exposes the scheduler's preemption count as vLLM's `num_preemptions` counter, read when scraped."""
+
+    def __init__(self, read, labels: dict[str, str], prefix: str = "speclab"):
+        self.read, self.labels, self.prefix = read, labels, prefix
+
+    def collect(self):
+        fam = CounterMetricFamily(f"{self.prefix}:num_preemptions", "Cumulative number of preemption from the "
+                                  "engine.", labels=list(self.labels))
+        fam.add_metric(list(self.labels.values()), self.read())
+        yield fam
+
+
 class ServingMetrics:
     """Args:
         model_name: the served model name (the `model_name` label).
         spec_stats: the engine's spec-decode counters, or None without speculation (then no
             spec_decode_* series, as in vLLM).
+        num_preemptions: a function that reads the scheduler's preemption count (None: no series).
     """
 
-    def __init__(self, model_name: str, spec_stats: SpecDecodingStats | None = None, prefix: str = "speclab"):
+    def __init__(self, model_name: str, spec_stats: SpecDecodingStats | None = None, prefix: str = "speclab",
+                 num_preemptions=None):
         self.registry = CollectorRegistry()
         self.labels = {"model_name": model_name, "engine": "0"}
         names, reg, p = list(self.labels), self.registry, prefix
@@ -93,6 +111,8 @@ class ServingMetrics:
         self.e2e = hist("e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", E2E_BUCKETS)
         if spec_stats is not None:
             reg.register(SpecDecodeCollector(spec_stats, self.labels, prefix))
+        if num_preemptions is not None:
+            reg.register(PreemptionCollector(num_preemptions, self.labels, prefix))
 
     def observe_tokens(self, num_new: int, first: bool, prompt_len: int, since_last: float) -> None:
         """One engine step gave a request `num_new` tokens; `since_last` is the time since its arrival

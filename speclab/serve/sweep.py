@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from speclab.serve.bench_serve import benchmark
+
 NGRAM_K4 = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 DEFAULT_CONFIGS = [
     {"label": "no speculation", "speculative_config": None},
@@ -87,8 +89,6 @@ def start_server(model: str | None, spec: dict | None, max_num_seqs: int, thread
 def run_sweep(args, on_point=None) -> dict:
     """Run the sweep; `on_point(data)` is called after every point with the results so far."""
     import requests
-
-    from speclab.serve.bench_serve import benchmark
 
     configs = json.loads(args.sweep_configs) if args.sweep_configs else DEFAULT_CONFIGS
     cs = [int(c) for c in args.concurrencies.split(",")]
