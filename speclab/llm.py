@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from speclab.engine.config import EngineConfig
 from speclab.engine.llm_engine import LLMEngine, default_num_kv_blocks
-from speclab.metrics import prometheus_text
+from speclab.metrics import metrics_list, prometheus_text
 from speclab.models.llama import LlamaForCausalLM, load_llama
 from speclab.proposers.draft_model import DraftModelProposer
 from speclab.proposers.ngram import NgramProposer
@@ -108,7 +108,8 @@ class LLM:
     def __init__(self, model=None, *, tokenizer=None, speculative_config: dict | None = None,
                  block_size: int = 16, num_kv_blocks: int | None = None, kv_cache_gb: float = 1.0,
                  max_num_batched_tokens: int = 2048, max_num_seqs: int = 64, seed: int = 0,
-                 dtype: torch.dtype | str = torch.float32, device: str = "cpu", verifier: str | None = None):
+                 dtype: torch.dtype | str = torch.float32, device: str = "cpu", verifier: str | None = None,
+                 disable_log_stats: bool = False):
         spec = SpeculativeConfig.from_dict(speculative_config) if speculative_config is not None else None
         k = spec.num_speculative_tokens if spec else 0
         check_dtype(dtype)
@@ -140,6 +141,7 @@ class LLM:
         self.engine = LLMEngine(self.model, config, proposer=proposer,
                                 spec_policy=spec.make_policy() if spec is not None else None)
         self._lock = threading.Lock()
+        self.log_stats = not disable_log_stats
 
     def _head_proposer(self, spec: SpeculativeConfig, model):
         """The proposer of a head method, its head checked against this target (lesson 08)."""
@@ -174,9 +176,18 @@ class LLM:
                              f"{self.model.config.max_position_embeddings}: the draft must cover the target's context")
         return draft
 
-    def get_metrics(self) -> dict:
-        """vLLM's spec-decode counters (names without the `speclab:` prefix) and the derived rates."""
-        return self.engine.stats.as_dict()
+    def get_metrics(self) -> list:
+        """vLLM's shape: a list of metric objects (`speclab.metrics.Counter`, `Vector`) named
+        `speclab:spec_decode_*`, empty without speculation; `speclab.metrics.spec_decode_counters`
+        turns it (or vLLM's list) into the dict of counters and rates. speclab counts whatever
+        `disable_log_stats` says (vLLM counts only with disable_log_stats=False, its default True)."""
+        if not self.log_stats:
+            raise ValueError("Stat logging disabled. Call LLM(disable_log_stats=False) to use metrics.")
+        return metrics_list(self.engine.stats) if self.speculative_config is not None else []
+
+    def get_tokenizer(self):
+        """vLLM's name for the tokenizer (speclab's `llm.tokenizer` is the same object)."""
+        return self.tokenizer
 
     def metrics_text(self) -> str:
         """The same counters in Prometheus' text format, under the `speclab:` prefix."""

