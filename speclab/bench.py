@@ -6,6 +6,7 @@
     python -m speclab.bench ngram      # microseconds per n-gram proposal at 1K and 8K tokens of context
     python -m speclab.bench all --target smollm2   # decode, roofline, spec on the real model
     python -m speclab.bench heads      # every proposer side by side, heads included (lesson 08; bench_heads.py)
+    python -m speclab.bench vs-vllm    # speclab, real vLLM and transformers side by side (bench_vs_vllm.py)
 
 The embedded pair (default) runs on the held-out code sets of speclab/data; `--target smollm2`
 (SmolLM2-135M-Instruct, Q4_1-dequantized) runs on the held-out chat sets (edit, codegen, qa, chat)
@@ -18,6 +19,7 @@ of the same run, and rerun before believing a difference under ~10%.
 import argparse
 import copy
 import statistics
+import sys
 
 import torch
 
@@ -256,6 +258,9 @@ def bench_all(args) -> None:
 
 
 def main(argv=None) -> None:
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["vs-vllm"]:   # its own flags: speclab/bench_vs_vllm.py
+        from speclab.bench_vs_vllm import main as vs_vllm
+        return vs_vllm((sys.argv[1:] if argv is None else argv)[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("which", choices=["decode", "spec", "roofline", "ngram", "heads", "all"])
     ap.add_argument("--target", default="target", help="'target' (embedded), 'smollm2', or a checkpoint directory")
