@@ -86,8 +86,8 @@ def counters(plain: list[dict]) -> dict:
 
 
 def delta(after: dict, before: dict) -> dict:
-    d = {k: after[k] - before[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
-    return d
+    """The three spec-decode counters' growth between two readings."""
+    return {k: after[k] - before[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
 
 
 def add(total: dict | None, d: dict) -> dict:
@@ -110,8 +110,8 @@ def run_speclab(model_dir, prompts, methods, args) -> dict:
     from speclab.llm import LLM
     from speclab.sampling_params import SamplingParams
 
-    llms = {m: LLM(str(model_dir), dtype="float32", max_num_seqs=8, kv_cache_gb=0.25, speculative_config=speclab_config(m))
-            for m in methods}
+    llms = {m: LLM(str(model_dir), dtype="float32", max_num_seqs=8, kv_cache_gb=0.25,
+                   speculative_config=speclab_config(m)) for m in methods}
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     for llm in llms.values():   # warm-up
         llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),

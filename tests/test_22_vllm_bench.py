@@ -51,7 +51,8 @@ def test_vllm_s_serialized_metrics_give_the_same_counters():
     listed = [{"type": "Counter", "name": "vllm:spec_decode_num_drafts", "labels": {}, "value": 3},
               {"type": "Counter", "name": "vllm:spec_decode_num_draft_tokens", "labels": {}, "value": 6},
               {"type": "Counter", "name": "vllm:spec_decode_num_accepted_tokens", "labels": {}, "value": 3},
-              {"type": "Vector", "name": "vllm:spec_decode_num_accepted_tokens_per_pos", "labels": {}, "values": [2, 1]}]
+              {"type": "Vector", "name": "vllm:spec_decode_num_accepted_tokens_per_pos", "labels": {},
+               "values": [2, 1]}]
     c = bench_vs_vllm.counters(listed)
     assert c["num_accepted_tokens_per_pos"] == [2, 1] and c["mean_acceptance_length"] == 2.0
     assert bench_vs_vllm.delta(c, bench_vs_vllm.counters([])) == {"num_drafts": 3, "num_draft_tokens": 6,
