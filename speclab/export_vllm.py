@@ -11,7 +11,7 @@ vLLM picks its model class from config.json's `architectures` and reads Hugging 
   eagle        vLLM's `EagleLlamaForCausalLM` (vllm/model_executor/models/llama_eagle.py): fc(2d -> d) on
                [embedding; feature], decoder layers whose first has NO input RMSNorm, no final norm (the
                target's LM head reads the head's output as it is), features = the target's output AFTER its
-               final norm, the full vocabulary. speclab's head (speclab/models/eagle.py) normalizes the
+               final norm, the full vocabulary. speclab's head (speclab/models/heads/eagle.py) normalizes the
                layer input, reads the feature BEFORE the final norm, applies the target's final norm before
                the LM head, and drafts over an 8192-token sub-vocabulary (d2t). The per-token RMS of the
                feature cannot be undone by any weight, so no export is exact: `export_eagle` refuses unless
@@ -38,11 +38,11 @@ EAGLE_ARCH = ["EagleLlamaForCausalLM"]
 def vllm_dir(name) -> Path:
     """A checkpoint directory real vLLM loads for a speclab short name ("target", "draft", "smollm2",
     "smollm2-draft") or a directory; exporting (once) where speclab's own directory lacks what vLLM needs."""
-    from speclab.models.hub import REAL_DRAFT, _resolve
+    from speclab.models.hub import REAL_DRAFT, resolve
 
     if name in REAL_DRAFT:
         return export_draft()
-    where, local = _resolve(name, "target")
+    where, local = resolve(name, "target")
     if not local:
         raise ValueError(f"{name!r} is a hub id: vLLM takes it as it is (nothing to export)")
     path = Path(where)
@@ -90,14 +90,14 @@ def export_eagle(head_name="eagle-smollm2", target="smollm2", out=None, *, appro
     from safetensors.torch import load_file, save_file
 
     from speclab.models.heads import head_directory
-    from speclab.models.hub import _resolve
+    from speclab.models.hub import resolve
 
     src = head_directory(head_name)
     cfg = json.loads((src / "config.json").read_text())
     if cfg.get("method") != "eagle" or len(cfg.get("hidden_layers", [])) != 1:
         raise ValueError(f"{src}: only a single-feature 'eagle' head maps onto vLLM's eagle layout "
                          f"(got method {cfg.get('method')!r}, layers {cfg.get('hidden_layers')})")
-    tdir = Path(_resolve(target, "target")[0])
+    tdir = Path(resolve(target, "target")[0])
     tconfig = json.loads((tdir / "config.json").read_text())
     weights = load_file(str(src / "model.safetensors"))
     state = {"fc.weight": weights["fc.weight"]}

@@ -169,5 +169,5 @@ def spec_decode_counters(metrics) -> dict:
         elif name == "num_accepted_tokens_per_pos":
             values = list(m.values)
             per_pos = [a + b for a, b in zip(per_pos + [0] * len(values), values + [0] * len(per_pos))]
-    stats = SpecDecodingStats(num_spec_tokens=len(per_pos), num_accepted_tokens_per_pos=per_pos, **totals)
+    stats = SpecDecodingStats(num_speculative_tokens=len(per_pos), num_accepted_tokens_per_pos=per_pos, **totals)
     return stats.as_dict()

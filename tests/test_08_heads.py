@@ -16,7 +16,7 @@ import torch
 from speclab.engine.batch import flatten
 from speclab.engine.llm_engine import LLMEngine
 from speclab.kv_cache import KVCacheManager
-from speclab.models.eagle import ttt_mask
+from speclab.models.heads.eagle import ttt_mask
 from speclab.models.heads import build_head, load_head, new_config, save_head
 from speclab.models.llama import load_llama
 from speclab.proposers.eagle import EagleProposer

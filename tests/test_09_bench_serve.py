@@ -11,9 +11,9 @@ pytest.importorskip("fastapi", reason="the serve extra is not installed: pip ins
 
 from serve_helpers import NGRAM  # noqa: E402
 
-from speclab.serve import bench_serve  # noqa: E402
+from speclab.bench import serve as bench_serve  # noqa: E402
 from speclab.serve.launch import running_server  # noqa: E402
-from speclab.serve.sweep import median_points, table  # noqa: E402
+from speclab.bench.sweep import median_points, table  # noqa: E402
 
 
 def bench_args(*argv):

@@ -476,29 +476,3 @@ def test_a_dead_engine_loop_exits_the_process_with_the_cause():
     finally:
         proc.kill()
 
-
-def test_no_import_circle_inside_speclab_serve_in_function_imports_included():
-    """bench_serve <-> sweep was a circle of in-function imports (issue 18): sweep builds on bench_serve now."""
-    import ast
-    from pathlib import Path
-
-    import speclab.serve
-    root = Path(speclab.serve.__file__).parent
-    graph = {}
-    for path in root.glob("*.py"):
-        deps = set()
-        for node in ast.walk(ast.parse(path.read_text())):  # every import, in functions too
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
-            deps |= {n.split(".")[2] for n in names if n.startswith("speclab.serve.")}
-        graph[path.stem] = deps - {path.stem}
-    assert "sweep" in graph["cli"] and "bench_serve" in graph["sweep"] and "sweep" not in graph["bench_serve"]
-
-    def reach(a, seen):
-        for b in graph.get(a, ()):
-            if b not in seen:
-                seen.add(b)
-                reach(b, seen)
-        return seen
-    circles = [m for m in graph if m in reach(m, set())]
-    assert not circles, f"import circles through {circles}"

@@ -5,5 +5,6 @@ One place for every benchmark (`python -m speclab.bench WHICH`, see cli.py):
   heads.py    every proposer side by side at batch 1, heads included (lesson 08)
   prompts.py  the held-out prompt sets and drafts the benchmarks share
   vs_vllm.py  speclab, real vLLM (from .venv-vllm) and transformers side by side (`vs-vllm`)
-`speclab bench serve` (the serving benchmark, shaped like `vllm bench serve`) is speclab/serve/bench_serve.py.
+  serve.py    `speclab bench serve`: load a running server, report what `vllm bench serve` reports
+  sweep.py    `speclab bench serve --sweep`: the concurrency sweep, with and without speculation
 """

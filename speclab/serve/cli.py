@@ -23,6 +23,10 @@ import threading
 
 import torch
 
+from speclab.bench.serve import add_bench_args
+from speclab.bench.serve import main as bench_main
+from speclab.bench.sweep import add_sweep_args
+from speclab.bench.sweep import main as sweep_main
 from speclab.llm import DTYPE_NAMES
 
 logger = logging.getLogger("speclab.serve")
@@ -163,8 +167,6 @@ def main(argv=None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve_args(sub.add_parser("serve", help="an OpenAI-compatible server (as `vllm serve`)"))
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
-    from speclab.serve.bench_serve import add_bench_args
-    from speclab.serve.sweep import add_sweep_args
     bench_parser = bench.add_parser("serve", help="load a running server (as `vllm bench serve`)")
     add_bench_args(bench_parser)
     add_sweep_args(bench_parser)
@@ -175,10 +177,8 @@ def main(argv=None) -> None:
         except (ValueError, NotImplementedError, TypeError) as e:  # a bad flag value: say which, no traceback
             parser.error(str(e))
     elif args.sweep:
-        from speclab.serve.sweep import main as sweep_main
         sweep_main(args)
     else:
-        from speclab.serve.bench_serve import main as bench_main
         bench_main(args)
 
 

@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 
 from speclab.engine.batch import flatten
 from speclab.kv_cache import KVCacheManager
-from speclab.models.eagle import ttt_mask
+from speclab.models.heads.eagle import ttt_mask
 from speclab.models.heads import HEADS_DIR, build_head, new_config, save_head
 
 DEFAULTS = {  # method -> (loss, training-time-test steps)
