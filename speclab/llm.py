@@ -94,6 +94,8 @@ class LLM:
             "bfloat16", "float16", "auto" (see `resolve_dtype`). Logits, probabilities and
             verification are float32 whatever it is.
         verifier: "torch", "triton" or "auto" (Triton kernels on a GPU); None reads SPECLAB_VERIFIER.
+        disable_log_stats: vLLM's switch: True makes `get_metrics()` refuse (the counters still count,
+            for `metrics_text()` and the lessons); vLLM's default is True, speclab's False.
 
     One `generate` call at a time: the engine is not re-entrant (a second thread gets a clear error).
     """
