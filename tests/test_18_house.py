@@ -72,10 +72,11 @@ def test_an_unknown_rule_is_refused_with_the_choices(method, error):
 
 
 def test_the_rule_reaches_the_engine_from_the_speculative_config():
-    llm = speclab.LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 2,
-                                          "rejection_sample_method": "standard"})
-    assert llm.engine.config.rejection_sample_method == "standard"
-    assert llm.engine.runner.verifier is RULES["standard"]
+    for method in ("standard", "block"):  # the torch implementation, so that a GPU machine checks the same
+        llm = speclab.LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 2,
+                                              "rejection_sample_method": method}, verifier="torch")
+        assert llm.engine.config.rejection_sample_method == method
+        assert llm.engine.runner.verifier is RULES[method]
 
 
 def test_the_speculative_config_is_the_one_owner_of_k():
