@@ -30,9 +30,11 @@ from speclab.models.heads import head_method
 from speclab.proposers import METHODS as PROPOSERS
 from speclab.proposers import suffix
 from speclab.verify import LOSSY_RULES, get_rule
+from speclab.verify.tree import parse_tree
 
 METHODS = tuple(PROPOSERS)  # the registry's names (speclab.proposers.METHODS)
 NOT_YET = ("mlp_speculator", "ngram_gpu", "dflash")  # vLLM methods speclab does not build
+TREE_METHODS = ("eagle", "eagle3", "draft_model")  # drafters that grow trees (lesson 10)
 
 
 @dataclass
@@ -54,6 +56,12 @@ class SpeculativeConfig:
         suffix_decoding_max_tree_depth, suffix_decoding_max_cached_requests, suffix_decoding_max_spec_factor,
         suffix_decoding_min_token_prob: suffix decoding's knobs (method "suffix"; vLLM's names and defaults:
             24, 10000, 1.0, 0.1; see speclab.proposers.suffix).
+        speculative_token_tree: vLLM's static draft tree (lesson 10), a string of paths of child ranks,
+            "[(0,), (1,), (0, 0)]"; num_speculative_tokens is then its node count (eagle, eagle3, draft_model).
+        speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens: an EAGLE-2 dynamic
+            tree, SGLang's knobs (depth, branching, verified tokens including the root: all three, and
+            num_speculative_tokens = speculative_num_draft_tokens - 1). Trees verify exactly with
+            recursive rejection sampling (speclab.verify.tree), so they need the "standard" rule.
     """
 
     method: str | None = None
@@ -69,6 +77,10 @@ class SpeculativeConfig:
     suffix_decoding_max_cached_requests: int = suffix.MAX_CACHED_REQUESTS
     suffix_decoding_max_spec_factor: float = suffix.MAX_SPEC_FACTOR
     suffix_decoding_min_token_prob: float = suffix.MIN_TOKEN_PROB
+    speculative_token_tree: str | None = None
+    speculative_num_steps: int | None = None
+    speculative_eagle_topk: int | None = None
+    speculative_num_draft_tokens: int | None = None
 
     @classmethod
     def from_dict(cls, d: dict) -> "SpeculativeConfig":
@@ -115,6 +127,7 @@ class SpeculativeConfig:
         if self.draft_sample_method not in DRAFT_SAMPLE_METHODS:
             raise ValueError(f"draft_sample_method must be one of {DRAFT_SAMPLE_METHODS}, got {self.draft_sample_method!r}")
         self._validate_dynamic()
+        self._validate_tree()
         if self.method == "ngram":
             self._validate_ngram()
         elif self.method == "suffix":
@@ -124,6 +137,39 @@ class SpeculativeConfig:
                              "the embedded draft)")
         elif self.method == "draft_model" and (head := head_method(self.model)) is not None:
             raise ValueError(f"{self.model!r} is a head, not a draft model: use method {head!r}")
+
+    def _validate_tree(self) -> None:
+        dynamic = {"speculative_num_steps": self.speculative_num_steps, "speculative_eagle_topk":
+                   self.speculative_eagle_topk, "speculative_num_draft_tokens": self.speculative_num_draft_tokens}
+        given = [key for key, v in dynamic.items() if v is not None]
+        if self.speculative_token_tree is None and not given:
+            return
+        if self.method not in TREE_METHODS:
+            raise ValueError(f"draft trees are built by the model drafters {TREE_METHODS}, not by {self.method!r}")
+        if self.speculative_token_tree is not None and given:
+            raise ValueError(f"give a static 'speculative_token_tree' or the dynamic tree's {sorted(dynamic)}, not both")
+        if self.rejection_sample_method != "standard":
+            raise ValueError(f"a tree verifies with recursive rejection sampling (exact): rejection_sample_method must "
+                             f"be 'standard', got {self.rejection_sample_method!r}")
+        if self.speculative_token_tree is not None:
+            n = parse_tree(self.speculative_token_tree).num_nodes  # a clear error for what is not a tree
+            if n != self.num_speculative_tokens:
+                raise ValueError(f"speculative_token_tree has {n} nodes and num_speculative_tokens is "
+                                 f"{self.num_speculative_tokens}: they must be equal (vLLM's rule; set "
+                                 f"num_speculative_tokens to {n})")
+        else:
+            if len(given) != 3:
+                raise ValueError(f"a dynamic tree needs all three of {sorted(dynamic)} (SGLang's rule), got {given}")
+            for key, v in dynamic.items():
+                if isinstance(v, bool) or not isinstance(v, int) or v < (2 if key == "speculative_num_draft_tokens" else 1):
+                    raise ValueError(f"{key} must be an integer >= {2 if key == 'speculative_num_draft_tokens' else 1}, "
+                                     f"got {v!r}")
+            if self.speculative_num_draft_tokens - 1 != self.num_speculative_tokens:
+                raise ValueError(f"speculative_num_draft_tokens={self.speculative_num_draft_tokens} counts the root: "
+                                 f"num_speculative_tokens must be {self.speculative_num_draft_tokens - 1}")
+        if self.draft_sample_method != "greedy":
+            raise ValueError("a tree's children are the drafter's top-k: draft_sample_method must be 'greedy' "
+                             "(verification still samples exactly at any temperature)")
 
     def _validate_suffix(self) -> None:
         if self.model is not None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speclab.engine.batch import flatten
+from speclab.engine.batch import TreeChunk, flatten
 from speclab.engine.proposer import Proposer, TargetForward
 from speclab.engine.scheduler import ScheduledRequest, SchedulerOutput
 from speclab.kv_cache import KVCacheManager
@@ -34,6 +34,8 @@ from speclab.models.llama import LlamaForCausalLM
 from speclab.sampling import keyed_sample, logits_to_probs
 from speclab.verify import PLACEHOLDER_TOKEN_ID, draw_noise, draw_uniforms, verify_greedy_step
 from speclab.verify.backend import get_rejection_sampler
+from speclab.verify.tree import sample_tree
+from speclab.verify.tree import walk as tree_walk
 
 
 @dataclass
@@ -74,14 +76,18 @@ class ModelRunner:
         if self.proposer and output.preempted_req_ids:
             self.proposer.remove(output.preempted_req_ids)  # the target's cache of them is gone
         scheduled = output.scheduled
-        input_ids, meta = flatten(self.kv, [(s.request.request_id, s.token_ids, s.start) for s in scheduled],
-                                  self.device)
+        input_ids, meta = flatten(self.kv, [self._chunk(s) for s in scheduled], self.device)
         layers = self.proposer.hidden_layers if self.proposer else ()
         hidden, saved = self.model(input_ids, meta, self.kv_caches, layers)  # (N, D)
         result = ModelRunnerOutput()
         if layers:  # a head drafts from this forward's hidden states after the commit (lesson 08)
             result.forward = TargetForward([s.request for s in scheduled], [s.start for s in scheduled],
                                            meta.query_start_loc, torch.cat(saved, -1))
+        result.sampled = self._sample(scheduled, hidden, meta, result)
+        return result
+
+    def _sample(self, scheduled: list[ScheduledRequest], hidden: torch.Tensor, meta, result) -> dict[str, list[int]]:
+        """Logits of the rows that decide tokens, then verification: chains as one batch, trees one by one."""
         sampling, rows = [], []
         for i, s in enumerate(scheduled):  # the last 1 + k rows of each sampling request
             if s.samples:
@@ -89,18 +95,77 @@ class ModelRunner:
                 sampling.append(s)
                 rows.append(torch.arange(end - 1 - s.num_draft_tokens, end))
         if not sampling:
-            return result
+            return {}
         logits = self.model.compute_logits(hidden[torch.cat(rows).to(self.device)])  # (T + B, V)
         unusable = {i: why for i, s in enumerate(sampling) if (why := s.request.params.engine_problem())}
         if unusable or not bool(torch.isfinite(logits).all()):  # one reduction per step; the rest when it fails
             sampling, logits = self._drop_failed(sampling, logits, result.errors, unusable)
+        sampled = {}
+        if any(s.tree is not None for s in sampling):  # lesson 10: trees apart, then compacted
+            sampling, logits, paths = self._verify_trees(sampling, logits, sampled)
+            if result.forward is not None:
+                index = {id(s): b for b, s in enumerate(scheduled)}
+                result.forward.paths = {index[id(s)]: [0] + path for s, path in paths}
         if sampling and all(s.request.params.greedy for s in sampling):  # vLLM's all_greedy fast path
-            result.sampled = self.verify_greedy(sampling, logits)
+            sampled.update(self.verify_greedy(sampling, logits))
         elif sampling:
             out = self.verify(sampling, logits).cpu()
-            result.sampled = {s.request.request_id: row[row != PLACEHOLDER_TOKEN_ID].tolist()
-                              for s, row in zip(sampling, out)}
-        return result
+            sampled.update({s.request.request_id: row[row != PLACEHOLDER_TOKEN_ID].tolist()
+                            for s, row in zip(sampling, out)})
+        return sampled
+
+    @staticmethod
+    def _chunk(s: ScheduledRequest):
+        """A request's share of the flattened forward: a causal chunk, or its root and tree of drafts."""
+        if s.tree is None:
+            return s.request.request_id, s.token_ids, s.start
+        positions = [s.start + d for d in s.tree.depths]
+        return s.request.request_id, s.token_ids, s.start, TreeChunk(positions, s.start, s.tree.attention_mask())
+
+    def _verify_trees(self, sampling, logits, sampled: dict[str, list[int]]):
+        """Verify each tree request (speclab.verify.tree), move its accepted path's keys and values into
+        the slots right after the root, and return the chain requests with their rows, and the paths."""
+        chains, rows, paths, start = [], [], [], 0
+        for s in sampling:
+            n = s.num_draft_tokens + 1
+            if s.tree is None:
+                chains.append(s)
+                rows.append(torch.arange(start, start + n))
+            else:
+                path, tokens = self._verify_tree(s, logits[start:start + n])
+                sampled[s.request.request_id] = tokens
+                self._compact(s, path)
+                paths.append((s, path))
+            start += n
+        keep = torch.cat(rows).to(logits.device) if rows else torch.zeros(0, dtype=torch.long, device=logits.device)
+        return chains, logits[keep], paths
+
+    def _verify_tree(self, s: ScheduledRequest, logits: torch.Tensor) -> tuple[list[int], list[int]]:
+        """Greedy and seeded requests walk the tree against the target's own sample at each node; the
+        others sample it exactly with the engine's stream (deterministic children: `sample_tree`)."""
+        p, tree, drafts = s.request.params, s.tree, s.request.spec_token_ids[:s.num_draft_tokens]
+        if p.greedy:
+            return tree_walk(tree, drafts, logits.argmax(-1))
+        probs = logits_to_probs(logits, p.temperature, p.top_k, p.top_p)  # (N + 1, V)
+        if p.seed is not None:  # row i decides output position num_output_tokens + depth(i)
+            keys = [s.num_output_tokens + d for d in tree.depths]
+            return tree_walk(tree, drafts, keyed_sample(probs, p.seed, keys))
+        return sample_tree(tree, drafts, probs, self.generator)
+
+    def _compact(self, s: ScheduledRequest, path: list[int]) -> None:
+        """KV compaction: the accepted nodes' keys and values, written at slots start + node, move to
+        start + 1, start + 2, ... so the request's cache is one contiguous sequence again (nodes only move
+        down: node path[i] >= i + 1 in breadth-first order). The rest is rolled back by the scheduler."""
+        moved = [(i + 1, node) for i, node in enumerate(path) if node != i + 1]
+        if not moved:
+            return
+        rid = s.request.request_id
+        dst = torch.tensor([self.kv.slot_mapping(rid, s.start + i, 1)[0] for i, _ in moved], device=self.device)
+        src = torch.tensor([self.kv.slot_mapping(rid, s.start + node, 1)[0] for _, node in moved], device=self.device)
+        for k_cache, v_cache in self.kv_caches:
+            for cache in (k_cache, v_cache):
+                flat = cache.view(-1, *cache.shape[2:])
+                flat.index_copy_(0, dst, flat.index_select(0, src))
 
     @staticmethod
     def _drop_failed(sampling, logits, errors: dict[str, str], unusable: dict[int, str]):
@@ -173,8 +238,15 @@ class ModelRunner:
         limits = [max(0, min(k, r.params.max_tokens - len(r.output_token_ids) - 1)) for r in requests]
         proposals = (self.proposer.propose(requests, limits) if forward is None
                      else self.proposer.propose(requests, limits, forward=forward))
-        return {r.request_id: (p.token_ids[:n], None if p.draft_probs is None else p.draft_probs[:n])
-                for r, p, n in zip(requests, proposals, limits)}
+        return {r.request_id: self._limit(p, n) for r, p, n in zip(requests, proposals, limits)}
+
+    @staticmethod
+    def _limit(p, n: int) -> tuple:
+        """At most n drafts, or a tree's nodes down to depth n (n tokens left before max_tokens)."""
+        if p.tree is not None:
+            tree = p.tree.up_to_depth(n)
+            return p.token_ids[:tree.num_nodes], None, tree
+        return p.token_ids[:n], None if p.draft_probs is None else p.draft_probs[:n]
 
     def remove_requests(self, request_ids: list[str]) -> None:
         if self.proposer and request_ids:

@@ -35,10 +35,12 @@ SAMPLE_METHODS = ("greedy", "probabilistic")  # draft_sample_method: argmax draf
 
 @dataclass
 class Proposal:
-    """Drafts for one request. draft_probs: (len(token_ids), V) q rows, or None for one-hot drafts."""
+    """Drafts for one request. draft_probs: (len(token_ids), V) q rows, or None for one-hot drafts;
+    tree: their shape when they form a tree (speclab.verify.tree.TokenTree, node i + 1 = token_ids[i])."""
 
     token_ids: list[int]
     draft_probs: torch.Tensor | None = None
+    tree: object = None
 
 
 @dataclass
@@ -51,17 +53,22 @@ class TargetForward:
         starts: position of each request's first new token.
         query_start_loc: (B + 1,) request b's rows are [query_start_loc[b], query_start_loc[b+1]).
         hidden: (N, n * D) the outputs of the proposer's `hidden_layers`, concatenated per row.
+        paths: for a request b that verified a tree (lesson 10), its committed rows among its own: the
+            root's (0) and the accepted nodes', in path order; None or absent for a chain.
     """
 
     requests: list[Request]
     starts: list[int]
     query_start_loc: list[int]
     hidden: torch.Tensor
+    paths: dict[int, list[int]] | None = None
 
     def committed_rows(self, b: int) -> torch.Tensor:
         """(n, n * D) request b's rows whose tokens the scheduler kept (rejected drafts' rows dropped)."""
         q, r = self.query_start_loc, self.requests[b]
         n = max(0, min(r.num_computed_tokens - self.starts[b], q[b + 1] - q[b]))
+        if self.paths and b in self.paths:
+            return self.hidden[torch.tensor(self.paths[b][:n], dtype=torch.long) + q[b]]
         return self.hidden[q[b]:q[b] + n]
 
 

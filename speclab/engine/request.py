@@ -39,6 +39,8 @@ class Request:
             (the last sampled token, the rest of a chunked prompt) are fed at the next step.
         spec_token_ids: drafts proposed for the next step, verified by the target then.
         spec_draft_probs: (k, V) q rows of those drafts, or None when they are one-hot (argmax/n-gram).
+        spec_tree: the shape of the drafts when they form a tree (speclab.verify.tree.TokenTree: node i + 1
+            is spec_token_ids[i]); None for a chain.
         finish_reason: "stop", "length", "abort" (cancelled) or "error" (see `error`).
     """
 
@@ -49,6 +51,7 @@ class Request:
     num_computed_tokens: int = 0
     spec_token_ids: list[int] = field(default_factory=list)
     spec_draft_probs: torch.Tensor | None = None
+    spec_tree: object = None
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
     error: str | None = None
@@ -86,4 +89,4 @@ class Request:
         if reason not in FINISH_REASONS:
             raise ValueError(f"unknown finish reason {reason!r}: one of {FINISH_REASONS}")
         self.status, self.finish_reason, self.error = RequestStatus.FINISHED, reason, error
-        self.spec_token_ids, self.spec_draft_probs = [], None
+        self.spec_token_ids, self.spec_draft_probs, self.spec_tree = [], None, None

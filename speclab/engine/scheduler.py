@@ -36,6 +36,7 @@ class ScheduledRequest:
         samples: whether the step yields tokens for the request (its chunk reaches the known end).
         num_output_tokens: the request's generated tokens so far: row j of its verification decides
             output position num_output_tokens + j (what keys a seeded request's randomness).
+        tree: the drafts' tree (TokenTree) truncated to num_draft_tokens nodes, or None for a chain.
     """
 
     request: Request
@@ -44,6 +45,7 @@ class ScheduledRequest:
     num_draft_tokens: int = field(init=False)
     samples: bool = field(init=False)
     num_output_tokens: int = field(init=False)
+    tree: object = field(init=False)
 
     def __post_init__(self):
         req = self.request
@@ -52,6 +54,7 @@ class ScheduledRequest:
         self.num_draft_tokens = max(0, end - req.num_tokens)
         self.samples = end >= req.num_tokens
         self.num_output_tokens = len(req.output_token_ids)
+        self.tree = req.spec_tree.truncate(self.num_draft_tokens) if req.spec_tree and self.num_draft_tokens else None
 
     @property
     def token_ids(self) -> list[int]:
@@ -160,7 +163,7 @@ class Scheduler:
         self.running.remove(req)
         self.kv.free(req.request_id)
         req.num_computed_tokens = 0
-        req.spec_token_ids, req.spec_draft_probs = [], None
+        req.spec_token_ids, req.spec_draft_probs, req.spec_tree = [], None, None
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
         self.num_preemptions += 1
@@ -197,7 +200,8 @@ class Scheduler:
         return result
 
     def _commit(self, req: Request, k: int, tokens: list[int]) -> None:
-        """Keep the accepted drafts and the new token; roll the cache back past the rejected drafts."""
+        """Keep the accepted drafts and the new token; roll the cache back past the rejected drafts.
+        (A tree's accepted path was already moved into the slots after the root by the runner.)"""
         accepted = len(tokens) - 1
         if not 0 <= accepted <= k:
             raise RuntimeError(f"request {req.request_id}: {len(tokens)} tokens back from verifying {k} drafts")
@@ -206,15 +210,16 @@ class Scheduler:
             # a head that drafts after this step writes its chain into the lookahead slots: keep them
             self.kv.rollback(req.request_id, req.num_computed_tokens + self.num_lookahead_tokens)
             self.stats.observe(k, accepted)
-        req.spec_token_ids, req.spec_draft_probs = [], None
+        req.spec_token_ids, req.spec_draft_probs, req.spec_tree = [], None, None
         req.append_tokens(tokens, self.eos_token_id)
 
-    def update_draft_token_ids(self, drafts: dict[str, tuple[list[int], object]]) -> None:
-        """Store each request's drafts (token ids, q rows or None) for its next step."""
-        for rid, (token_ids, draft_probs) in drafts.items():
+    def update_draft_token_ids(self, drafts: dict[str, tuple]) -> None:
+        """Store each request's drafts (token ids, q rows or None[, their TokenTree]) for its next step."""
+        for rid, (token_ids, draft_probs, *tree) in drafts.items():
             req = self.requests.get(rid)
             if req is not None and req.status == RequestStatus.RUNNING:
                 req.spec_token_ids, req.spec_draft_probs = list(token_ids), draft_probs
+                req.spec_tree = tree[0] if tree and token_ids else None
 
     def finish_requests(self, request_ids, reason: str = "abort", error: str | None = None) -> list[Request]:
         """Finish (abort) unfinished requests now: blocks freed, nothing more scheduled. Unknown or

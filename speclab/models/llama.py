@@ -76,6 +76,10 @@ class AttentionMetadata:
         query_start_loc: (B + 1,) request b's tokens are rows [query_start_loc[b], query_start_loc[b+1]).
         seq_lens: (B,) tokens in each request's cache after this forward (past + new).
         block_tables: (B, max_blocks) block ids of each request's cache, padded with -1.
+        tree_masks: per request, None (causal: a token at position t sees cache slots 0..t) or, for a
+            tree of drafts (lesson 10), (base, mask): mask (n_new, seq_len - base) bool says which of the
+            slots from `base` on each new token sees (itself and its ancestors); slots before `base`
+            (the committed past) are seen by all. None: no request has a tree.
     """
 
     positions: torch.Tensor
@@ -83,6 +87,7 @@ class AttentionMetadata:
     query_start_loc: list[int]
     seq_lens: list[int]
     block_tables: torch.Tensor
+    tree_masks: list | None = None
     _shared: dict = field(default_factory=dict, repr=False)  # per-forward tables and buffers of every layer
 
     def rope(self, head_dim: int, theta: float, dtype):
@@ -116,8 +121,12 @@ class AttentionMetadata:
             pos = torch.zeros(len(q_lens), q_max, dtype=torch.long, device=device)  # padding queries at 0
             pos[row, col] = self.positions
         mask = None
-        if len(q_lens) > 1 or q_max > 1:
+        if len(q_lens) > 1 or q_max > 1 or self.tree_masks:
             mask = (torch.arange(c_max, device=device)[None, None, :] <= pos[:, :, None])[:, None]
+        for b, tree in enumerate(self.tree_masks or ()):  # a tree's nodes see their ancestors only
+            if tree is not None:
+                base, m = tree
+                mask[b, 0, :m.shape[0], base:base + m.shape[1]] = m.to(device)
         return row, col, mask, q_max, c_max
 
     def gather_plan(self, block_size: int, entry_shape, dtype):

@@ -23,13 +23,14 @@ import math
 
 import torch
 
-from speclab.engine.batch import flatten
+from speclab.engine.batch import TreeChunk, flatten
 from speclab.engine.proposer import (SAMPLE_METHODS, Proposal, Proposer, ProposerContext, check_k,
                                      check_sample_method, draft_tokens)
 from speclab.engine.request import Request
 from speclab.kv_cache import KVCacheManager, NoFreeBlocksError
 from speclab.models.hub import check_pair, model_directory
 from speclab.models.llama import LlamaForCausalLM, load_llama
+from speclab.proposers.tree_drafting import TreeShape, check_tree, draft_trees, tree_mask
 
 __all__ = ["SAMPLE_METHODS", "DraftModelProposer", "from_config", "load_draft"]
 
@@ -46,9 +47,12 @@ class DraftModelProposer(Proposer):
     """
 
     def __init__(self, model: LlamaForCausalLM, num_speculative_tokens: int, *, num_kv_blocks: int,
-                 block_size: int, sample_method: str = "greedy", generator: torch.Generator | None = None):
+                 block_size: int, sample_method: str = "greedy", generator: torch.Generator | None = None,
+                 tree: TreeShape | None = None):
         check_sample_method(sample_method)
         check_k(num_speculative_tokens)
+        check_tree(tree, num_speculative_tokens, sample_method)
+        self.tree = tree
         self.model = model
         self.num_speculative_tokens = num_speculative_tokens
         self.kv = KVCacheManager(num_kv_blocks, block_size)
@@ -59,6 +63,8 @@ class DraftModelProposer(Proposer):
         self.computed: dict[str, int] = {}  # request id -> tokens whose KV the draft holds
 
     def propose(self, requests: list[Request], max_drafts: list[int], forward=None) -> list[Proposal]:
+        if self.tree is not None:
+            return self._propose_trees(requests, max_drafts)
         active = [(r, k) for r, k in zip(requests, max_drafts) if k > 0]
         drafts = {r.request_id: [] for r, _ in active}
         probs = {r.request_id: [] for r, _ in active}
@@ -83,6 +89,29 @@ class DraftModelProposer(Proposer):
             out.append(Proposal(drafts[r.request_id], q))
         return out
 
+    def _propose_trees(self, requests: list[Request], max_drafts: list[int]) -> list[Proposal]:
+        """A tree per request (lesson 10): catch up, then one forward per depth over the nodes to expand,
+        written after the committed tokens as scratch (the next step's catch-up recomputes what it keeps)."""
+        active = [r for r, k in zip(requests, max_drafts) if k > 0]
+        if not active:
+            return [Proposal([]) for _ in requests]
+        root = self._forward([(r, r.all_token_ids[s:], s) for r, s in ((r, self._reconcile(r)) for r in active)])
+
+        def run(batch):
+            chunks = []
+            for r, nodes in zip(active, batch):
+                if nodes:
+                    L = r.num_tokens  # the tree's slots start after the committed tokens
+                    chunks.append((r, [n.token for n in nodes], L + nodes[0].slot,
+                                   TreeChunk([L - 1 + n.depth for n in nodes], L, tree_mask(nodes))))
+            rows = iter(self._forward(chunks, every_row=True).split([len(c[1]) for c in chunks]))
+            return [next(rows) if nodes else None for nodes in batch]
+
+        grown = iter(draft_trees(root, self.tree, run))
+        for r in active:
+            self.computed[r.request_id] = r.num_tokens  # the tree's slots are scratch
+        return [Proposal(*_tokens_and_tree(next(grown))) if k > 0 else Proposal([]) for k in max_drafts]
+
     def _reconcile(self, r: Request) -> int:
         """Drop cached positions that may not hold committed tokens; return where the catch-up starts."""
         start = min(self.computed.get(r.request_id, 0), r.num_tokens - 1)
@@ -91,9 +120,10 @@ class DraftModelProposer(Proposer):
         self.computed[r.request_id] = start
         return start
 
-    def _forward(self, chunks) -> torch.Tensor:
-        """One batched draft forward over (request, tokens, start) chunks; returns each chunk's last logits."""
-        for r, tokens, start in chunks:
+    def _forward(self, chunks, every_row: bool = False) -> torch.Tensor:
+        """One batched draft forward over (request, tokens, start[, TreeChunk]) chunks; returns each
+        chunk's last logits (every row's with every_row)."""
+        for r, tokens, start, *_ in chunks:
             if not tokens:
                 raise RuntimeError(f"request {r.request_id}: empty draft chunk at position {start} (stale draft state)")
             try:
@@ -101,8 +131,10 @@ class DraftModelProposer(Proposer):
             except NoFreeBlocksError as err:
                 raise RuntimeError(f"the draft's KV pool is full ({err}): raise num_kv_blocks") from err
             self.computed[r.request_id] = start + len(tokens)
-        input_ids, meta = flatten(self.kv, [(r.request_id, t, s) for r, t, s in chunks], self.device)
+        input_ids, meta = flatten(self.kv, [(r.request_id, *rest) for r, *rest in chunks], self.device)
         hidden, _ = self.model(input_ids, meta, self.caches)
+        if every_row:
+            return self.model.compute_logits(hidden)
         last = torch.tensor(meta.query_start_loc[1:], device=self.device) - 1
         return self.model.compute_logits(hidden.index_select(0, last))
 
@@ -123,6 +155,11 @@ class DraftModelProposer(Proposer):
         return target_blocks + max_num_seqs * math.ceil((k + 1) / block_size)
 
 
+def _tokens_and_tree(grown) -> tuple:
+    tokens, tree = grown
+    return tokens, None, tree  # children are top-k: point masses, no q
+
+
 def load_draft(name, context: ProposerContext) -> LlamaForCausalLM:
     """The draft model, refused unless it shares the target's vocabulary and tokenizer and covers its context."""
     from transformers import AutoTokenizer
@@ -139,8 +176,9 @@ def load_draft(name, context: ProposerContext) -> LlamaForCausalLM:
 
 def from_config(spec, context: ProposerContext) -> DraftModelProposer:
     """`method: "draft_model"` (the registry's constructor): the draft, with a pool as large as the target's."""
-    k = spec.num_speculative_tokens
+    k, tree = spec.num_speculative_tokens, TreeShape.from_config(spec)
+    slots = max(k, tree.max_run) if tree else k
     return DraftModelProposer(
         load_draft(spec.model, context), k, block_size=context.block_size, sample_method=spec.draft_sample_method,
-        num_kv_blocks=DraftModelProposer.pool_blocks(context.num_kv_blocks, context.max_num_seqs, k,
-                                                     context.block_size))
+        num_kv_blocks=DraftModelProposer.pool_blocks(context.num_kv_blocks, context.max_num_seqs, slots,
+                                                     context.block_size), tree=tree)

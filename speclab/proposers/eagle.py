@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import torch
 
-from speclab.engine.batch import flatten
+from speclab.engine.batch import TreeChunk, flatten
 from speclab.engine.proposer import (SAMPLE_METHODS, Proposal, Proposer, ProposerContext, TargetForward,
                                      check_k, check_sample_method, draft_tokens)
 from speclab.engine.request import Request
 from speclab.models.heads import DEFAULT_HEADS, load_head
 from speclab.models.smollm2 import NAMES as SMOLLM2
+from speclab.proposers.tree_drafting import TreeShape, check_tree, draft_trees, tree_mask
 
 __all__ = ["SAMPLE_METHODS", "EagleProposer", "from_config", "load_head_for", "draft_tokens"]
 
@@ -47,12 +48,15 @@ class EagleProposer(Proposer):
     """
 
     def __init__(self, head, num_speculative_tokens: int, sample_method: str = "greedy",
-                 generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None, tree: TreeShape | None = None):
         check_sample_method(sample_method)
         check_k(num_speculative_tokens)
+        check_tree(tree, num_speculative_tokens, sample_method)
         self.head = head
+        self.tree = tree
         self.num_speculative_tokens = num_speculative_tokens
-        self.num_lookahead_tokens = num_speculative_tokens  # vLLM: k slots for the chain
+        # vLLM: k slots for the chain; a tree writes one slot per node it runs
+        self.num_lookahead_tokens = max(num_speculative_tokens, tree.max_run) if tree else num_speculative_tokens
         self.hidden_layers = tuple(head.cfg.hidden_layers)
         self.sample_method = sample_method
         self.generator = generator
@@ -78,6 +82,8 @@ class EagleProposer(Proposer):
         if not active:
             return [Proposal([]) for _ in requests]
         g_active = torch.stack([g[r.request_id] for r in active])  # (B, d)
+        if self.tree is not None:
+            return self._propose_trees(requests, active, g_active)
         for step in range(max(want[r.request_id] for r in active)):
             toks, q = draft_tokens(active, self.head.logits(g_active), [len(r.output_token_ids) + step for r in active],
                                    self.sample_method, self.generator)
@@ -91,6 +97,35 @@ class EagleProposer(Proposer):
             g_active = self._forward([(r.request_id, [toks[j]], r.num_computed_tokens + step)
                                       for j, r in zip(more, active)], g_active[more])
         return [self._proposal(*drafts[r.request_id]) for r in requests]
+
+    def _propose_trees(self, requests, active, g_active) -> list[Proposal]:
+        """A tree per request (lesson 10): each node run feeds (its token, its parent's g), at the position
+        of its depth, into the lookahead slots after the committed tokens, seeing its ancestors only."""
+        feats = [{-1: g} for g in g_active]  # per request: slot -> the g a node there produced (-1: the root)
+
+        def run(batch):
+            chunks, inputs = [], []
+            for r, nodes, f in zip(active, batch, feats):
+                if nodes:
+                    base = r.num_computed_tokens  # the head's tree slots start where the target's stop
+                    chunks.append((r.request_id, [n.token for n in nodes], base + nodes[0].slot,
+                                   TreeChunk([base + n.depth - 1 for n in nodes], base, tree_mask(nodes))))
+                    inputs += [f[n.sees[-2] if len(n.sees) > 1 else -1] for n in nodes]  # the parent's g
+            input_ids, meta = flatten(self.kv, chunks, self.head.fc.weight.device)
+            g = self.head(input_ids, torch.stack(inputs), meta, self.cache)
+            out, rows = [], iter(g.split([len(c[1]) for c in chunks]))
+            for nodes, f in zip(batch, feats):
+                if not nodes:
+                    out.append(None)
+                    continue
+                g_b = next(rows)
+                f.update({n.slot: row for n, row in zip(nodes, g_b)})
+                out.append(self.head.logits(g_b))
+            return out
+
+        grown = dict(zip((r.request_id for r in active), draft_trees(self.head.logits(g_active), self.tree, run)))
+        return [Proposal(grown[r.request_id][0], None, grown[r.request_id][1]) if r.request_id in grown
+                else Proposal([]) for r in requests]
 
     def _first_pass(self, forward: TargetForward) -> dict[str, torch.Tensor]:
         """The head over every running request's committed rows of this forward; its last g per request."""
@@ -134,4 +169,4 @@ def load_head_for(spec, context: ProposerContext):
 def from_config(spec, context: ProposerContext) -> EagleProposer:
     """`method: "eagle"` / `"eagle3"` (the registry's constructor)."""
     return EagleProposer(load_head_for(spec, context), spec.num_speculative_tokens,
-                         sample_method=spec.draft_sample_method)
+                         sample_method=spec.draft_sample_method, tree=TreeShape.from_config(spec))

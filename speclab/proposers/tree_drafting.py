@@ -1,0 +1,188 @@
+"""Drafting a tree instead of a chain (lesson 10): which nodes to draft, and in what order to run them.
+
+Any drafter that can run a batch of nodes with tree attention (the draft model, an EAGLE head)
+drafts a tree the same way: from its distribution at the root (the last committed token), it picks
+the root's children; to pick the children of a node it must first run that node (one forward per
+depth, every request's nodes of that depth together, each node seeing its ancestors only). Two ways
+to choose the shape:
+
+- **static** (vLLM's `speculative_token_tree`): a fixed list of paths of child ranks, the same for
+  every request and step. Node (0, 1) is the second most likely child of the most likely child.
+- **dynamic** (EAGLE-2, Li et al. 2024, with SGLang's knob names): `speculative_num_steps` depths;
+  at each, only the `speculative_eagle_topk` most valuable nodes of the newest depth are run, each
+  getting `speculative_eagle_topk` children; a node's value is the product of the draft's
+  probabilities along its path. At the end the `speculative_num_draft_tokens - 1` most valuable nodes
+  of the whole tree are kept (a connected tree: a node is never worth more than its parent).
+Children are the drafter's top-k at a node, a deterministic function of the prefix, so the verifier
+treats each as a point mass (speclab.verify.tree.sample_tree): exact whatever the shape.
+
+The drafter gives `draft_trees` one callback, `run(nodes)`: per request, the nodes to run now, each
+a `TreeNode` whose `slot` is its index among the nodes run so far (the drafter writes its key and
+value at the tree's first free slot + `slot`) and whose `sees` are the slots of its ancestors run
+before and its own; it returns their logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from speclab.verify.tree import TokenTree, from_parents, parse_tree
+
+__all__ = ["TreeShape", "TreeNode", "check_tree", "draft_trees", "tree_mask"]
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """What to draft: a static tree, or EAGLE-2's dynamic one (SGLang's three knobs)."""
+
+    static: TokenTree | None = None
+    num_steps: int = 0
+    topk: int = 0
+    num_draft_tokens: int = 0
+
+    @classmethod
+    def from_config(cls, spec) -> "TreeShape | None":
+        """From a SpeculativeConfig's `speculative_token_tree` or `speculative_*` dynamic knobs; None: a chain."""
+        if spec.speculative_token_tree is not None:
+            return cls(static=parse_tree(spec.speculative_token_tree))
+        if spec.speculative_eagle_topk is not None:
+            return cls(num_steps=spec.speculative_num_steps, topk=spec.speculative_eagle_topk,
+                       num_draft_tokens=spec.speculative_num_draft_tokens)
+        return None
+
+    @property
+    def num_nodes(self) -> int:
+        """Draft tokens verified per step (vLLM's num_speculative_tokens for a tree)."""
+        return self.static.num_nodes if self.static is not None else self.num_draft_tokens - 1
+
+    @property
+    def max_run(self) -> int:
+        """The most nodes a drafter runs per request and step: the cache slots its tree needs."""
+        if self.static is not None:
+            return sum(1 for c in self.static.children[1:] if c)
+        return max(1, (self.num_steps - 1) * self.topk)
+
+
+def check_tree(tree: TreeShape | None, num_speculative_tokens: int, sample_method: str) -> None:
+    """A drafter's constructor checks its tree: k must be its node count (vLLM's rule), drafts its top-k."""
+    if tree is None:
+        return
+    if tree.num_nodes != num_speculative_tokens:
+        raise ValueError(f"the tree has {tree.num_nodes} draft nodes and num_speculative_tokens is "
+                         f"{num_speculative_tokens}: with a tree, num_speculative_tokens is its node count")
+    if sample_method != "greedy":
+        raise ValueError("a tree's children are the drafter's top-k (deterministic): draft_sample_method must be "
+                         "'greedy' with a tree (the verifier then samples exactly at any temperature)")
+
+
+@dataclass
+class TreeNode:
+    """A node while the tree grows. parent: index in the request's node list (0 = root)."""
+
+    token: int
+    parent: int
+    depth: int
+    rank: int
+    value: float = 0.0  # log of the draft's probability of the path
+    slot: int = -1  # index among the nodes run so far (-1: not run)
+    sees: list[int] = field(default_factory=list)
+    logits: torch.Tensor | None = None
+
+
+def tree_mask(nodes: list[TreeNode]) -> torch.Tensor:
+    """(len(nodes), last slot + 1) bool: which of the tree's slots each node being run sees."""
+    width = max(n.slot for n in nodes) + 1
+    mask = torch.zeros(len(nodes), width, dtype=torch.bool)
+    for i, n in enumerate(nodes):
+        mask[i, n.sees] = True
+    return mask
+
+
+def draft_trees(root_logits: torch.Tensor, shape: TreeShape, run) -> list[tuple[list[int], TokenTree]]:
+    """Grow one tree per request from the drafter's logits at each root (B, V).
+
+    Args:
+        run: callback, list (per request) of lists of TreeNode to run -> list of (m_b, V) logits.
+    Returns:
+        per request, (tokens of nodes 1..N, their TokenTree), breadth first.
+    """
+    trees = [[TreeNode(-1, -1, 0, 0, logits=row)] for row in root_logits]
+    grow = _grow_static if shape.static is not None else _grow_dynamic
+    return [_finish(nodes, shape) for nodes in grow(trees, shape, run)]
+
+
+def _run(trees, wanted, run) -> None:
+    """Run the nodes `wanted` (per request, node indices) and store their logits."""
+    batch = []
+    for nodes, idx in zip(trees, wanted):
+        used = sum(1 for n in nodes if n.slot >= 0)
+        for j, i in enumerate(idx):
+            node = nodes[i]
+            node.slot = used + j
+            node.sees = [nodes[a].slot for a in _ancestors(nodes, i)]
+        batch.append([nodes[i] for i in idx])
+    if not any(batch):
+        return
+    for nodes_run, logits in zip(batch, run(batch)):
+        for node, row in zip(nodes_run, logits):
+            node.logits = row
+
+
+def _ancestors(nodes, i) -> list[int]:
+    """Node i and its ancestors below the root, root side first."""
+    out = []
+    while i > 0:
+        out.append(i)
+        i = nodes[i].parent
+    return out[::-1]
+
+
+def _children(nodes, i, ranks) -> None:
+    """Add node i's children of the given ranks (its drafter's top-k)."""
+    logp = torch.log_softmax(nodes[i].logits.float(), -1)
+    top = torch.topk(logp, max(ranks) + 1)
+    for r in ranks:
+        nodes.append(TreeNode(int(top.indices[r]), i, nodes[i].depth + 1, r, nodes[i].value + float(top.values[r])))
+
+
+def _grow_static(trees, shape: TreeShape, run):
+    tree = shape.static
+    for depth in range(1, tree.max_depth + 1):
+        parents = sorted({tree.parents[i] for i in range(1, tree.num_nodes + 1) if tree.depths[i] == depth})
+        _run(trees, [[p for p in parents if p > 0] for _ in trees], run)  # the root's logits are known
+        for nodes in trees:
+            for p in parents:
+                _children(nodes, p, [tree.ranks[c] for c in tree.children[p]])
+    return trees  # node i of each list is node i of the static tree (both breadth first, rank order)
+
+
+def _grow_dynamic(trees, shape: TreeShape, run):
+    for nodes in trees:
+        _children(nodes, 0, list(range(shape.topk)))
+    for depth in range(2, shape.num_steps + 1):
+        frontier = []
+        for nodes in trees:  # expand the topk most valuable nodes of the newest depth
+            newest = [i for i, n in enumerate(nodes) if n.depth == depth - 1]
+            frontier.append(sorted(newest, key=lambda i: (-nodes[i].value, i))[:shape.topk])
+        _run(trees, frontier, run)
+        for nodes, idx in zip(trees, frontier):
+            for i in idx:
+                _children(nodes, i, list(range(shape.topk)))
+    out = []
+    for nodes in trees:  # rerank: keep the most valuable nodes of the whole tree, then breadth first
+        keep = sorted(range(1, len(nodes)), key=lambda i: (-nodes[i].value, nodes[i].depth, i))[:shape.num_nodes]
+        order = [0] + sorted(keep, key=lambda i: (nodes[i].depth, i))
+        new = {old: j for j, old in enumerate(order)}
+        out.append([TreeNode(nodes[i].token, new[nodes[i].parent] if i else -1, nodes[i].depth, nodes[i].rank,
+                             nodes[i].value) for i in order])
+    return out
+
+
+def _finish(nodes: list[TreeNode], shape: TreeShape) -> tuple[list[int], TokenTree]:
+    """Tokens of nodes 1..N and their TokenTree."""
+    tokens = [n.token for n in nodes[1:]]
+    if shape.static is not None:
+        return tokens, shape.static
+    return tokens, from_parents([n.parent for n in nodes], [n.rank for n in nodes])
