@@ -6,6 +6,7 @@
     print(outs[0].outputs[0].text)
 """
 
+import contextlib
 import dataclasses
 import numbers
 import threading
@@ -26,7 +27,8 @@ from speclab.proposers import METHODS
 from speclab.sampling_params import SamplingParams
 from speclab.spec_config import SpeculativeConfig
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "model_directory", "resolve_dtype"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "model_directory", "resolve_dtype",
+           "shared_weights"]
 
 
 @dataclass
@@ -48,6 +50,32 @@ class RequestOutput:
 
 DTYPE_NAMES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
                "float16": torch.float16, "half": torch.float16}  # vLLM's --dtype choices, and "auto"
+
+
+_SHARED: dict | None = None  # (checkpoint, dtype, device) -> model, inside `shared_weights()`
+
+
+@contextlib.contextmanager
+def shared_weights():
+    """Within this block, every `LLM` built from the same checkpoint, dtype and device shares one copy
+    of the target's weights (each keeps its own KV pool, scheduler and proposer). For benchmarks and
+    the demo, whose rows build one LLM each: SmolLM2's 540 MB of float32 weights once, not per row.
+    Outside it each LLM loads its own (a test that changes one model's weights changes no other)."""
+    global _SHARED
+    outer, _SHARED = _SHARED, {} if _SHARED is None else _SHARED
+    try:
+        yield
+    finally:
+        _SHARED = outer
+
+
+def _load_target(path: Path, dtype: torch.dtype, device: str):
+    if _SHARED is None:
+        return load_llama(path, dtype=dtype, device=device)
+    key = (str(Path(path).resolve()), dtype, str(device))
+    if key not in _SHARED:
+        _SHARED[key] = load_llama(path, dtype=dtype, device=device)
+    return _SHARED[key]
 
 
 def check_dtype(dtype) -> None:
@@ -121,7 +149,7 @@ class LLM:
                               rejection_sample_method=spec.rejection_sample_method if spec else "standard")
         path = model_directory(model)
         dtype = resolve_dtype(dtype, path, device)
-        self.model = load_llama(path, dtype=dtype, device=device)
+        self.model = _load_target(path, dtype, device)
         from transformers import AutoTokenizer
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_directory(tokenizer) if tokenizer else path))
         if num_kv_blocks is None:

@@ -12,6 +12,22 @@ import time
 import torch
 
 
+def machine_info(threads: int | None = None) -> dict:
+    """What a benchmark ran on, for its JSON and its header: CPU, cores, torch, threads, load average."""
+    import os
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
+            "threads": threads if threads is not None else torch.get_num_threads(),
+            "load_average": [round(x, 2) for x in os.getloadavg()]}
+
+
 def median_seconds(fn, repeat: int = 20, warmup: int = 2) -> float:
     """Median wall time of `fn()` over `repeat` calls, after `warmup` untimed ones."""
     for _ in range(warmup):

@@ -1,35 +1,43 @@
-"""`python -m speclab.bench heads` runs every proposer side by side and prints figures that add up.
+"""`python -m speclab.bench heads` runs every proposer side by side and writes figures that add up.
 
-A smoke run on the embedded target (one prompt per set, 8 tokens, greedy): one row per method and
-set, speedups relative to the plain row (which reads exactly 1.00x), tau >= 1, alpha in [0, 1], and
-acceptance per position that never rises with the position (a later drafted token is accepted
-only after every earlier one was). Speeds are printed, never asserted.
+A smoke run on the embedded target (one prompt per set, 8 tokens, greedy, two interleaved rounds):
+one row per method (and EAGLE's static and dynamic trees) and set in the JSON, speedups relative to
+the plain row (which reads exactly 1.00x), tau >= 1 and equal to 1 + the per-position acceptances,
+acceptance per position that never rises with the position (a later drafted token, or a deeper
+node, is accepted only after every earlier one was), and greedy output identical to plain decoding
+on every row. Speeds are printed, never asserted.
 """
 
-import re
+import json
 
 import pytest
 
 from speclab.bench.cli import main
 from speclab.bench.heads import EMBEDDED_METHODS
 
-ROW = re.compile(r"^(?P<set>\w+)\s+(?P<T>[\d.]+)\s+(?P<method>\w+)\s+(?P<toks>[\d.]+)\s+(?P<speedup>[\d.]+)x"
-                 r"\s+(?P<pred>[\d.]+)x\s+(?P<pred2>[\d.]+)x\s+(?P<c>[\d.]+)\s+(?P<alpha>[\d.]+|nan)\s+(?P<tau>[\d.]+)"
-                 r"(?P<per_pos>(\s+[\d.]+)*)\s*$")
 
-
-@pytest.mark.slow  # seven engines on the embedded target, about 30 s
-def test_bench_heads_prints_one_consistent_row_per_method_and_set(capsys):
-    main(["heads", "--max-tokens", "8", "--num-prompts", "1", "--temperatures", "0", "--k", "3"])
-    rows = [m.groupdict() for line in capsys.readouterr().out.splitlines() if (m := ROW.match(line))]
+@pytest.mark.slow  # nine engines on the embedded target, about 40 s
+def test_bench_heads_writes_one_consistent_row_per_method_and_set(tmp_path, capsys):
+    path = tmp_path / "heads.json"
+    main(["heads", "--max-tokens", "8", "--num-prompts", "1", "--temperatures", "0", "--k", "4", "--repeats", "2",
+          "--json", str(path)])
+    report = json.loads(path.read_text())
+    assert {"cpu", "cores", "threads", "load_average"} <= set(report["machine"])
+    rows = report["rows"]
+    keys = {"set", "temperature", "method", "k", "tree", "tok_per_s", "speedup", "acceptance_rate",
+            "mean_acceptance_length", "identical"}
+    assert all(keys <= set(r) for r in rows)
     assert {(r["set"], r["method"]) for r in rows} == {(s, m) for s in ("code", "prose")
                                                        for m in ("none",) + EMBEDDED_METHODS}
+    assert {r["tree"] for r in rows if r["method"] == "eagle"} >= {None, "[(0,), (1,), (0, 0), (0, 0, 0)]",
+                                                                   "dynamic: steps 3, topk 2"}
     for r in rows:
+        assert r["identical"] is True, f"greedy output differs from plain decoding: {r}"
         if r["method"] == "none":
-            assert r["speedup"] == "1.00" and r["tau"] == "1.00"
+            assert r["speedup"] == 1.0 and r["mean_acceptance_length"] == 1.0
             continue
-        per_pos = [float(x) for x in r["per_pos"].split()]
-        assert len(per_pos) == 3, r
+        per_pos = r["acceptance_per_position"][:r["k"]]
         assert all(a >= b - 1e-9 for a, b in zip(per_pos, per_pos[1:])), f"acceptance rose with position: {r}"
-        assert 0 <= float(r["alpha"]) <= 1 and 1 <= float(r["tau"]) <= 4, r
-        assert abs(float(r["tau"]) - (1 + sum(per_pos))) < 0.02, f"tau != 1 + sum of per-position acceptance: {r}"
+        assert 0 <= r["acceptance_rate"] <= 1 and 1 <= r["mean_acceptance_length"] <= 5, r
+        assert abs(r["mean_acceptance_length"] - (1 + sum(r["acceptance_per_position"]))) < 1e-9, r
+    assert "speedup" in capsys.readouterr().out  # the table is printed too

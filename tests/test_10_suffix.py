@@ -156,6 +156,18 @@ def test_global_tree_remembers_earlier_outputs_bounded_oldest_first():
     assert len(off.global_tree) == 0
 
 
+def test_a_finished_requests_last_step_joins_the_global_tree():
+    """Its last tokens were committed after its last proposal: `remove` adds them (preempted: not finished)."""
+    p = SuffixProposer(8)
+    r = request("a", [1, 2, 3], [40, 41])
+    p.propose([r], [8])
+    r.output_token_ids += [42, 43, 44]  # the last step: 3 tokens, then it finished
+    r.finish("length")
+    p.remove(["a"])
+    assert p.global_tree.sequences["a"].tokens == [40, 41, 42, 43, 44]
+    assert p.propose([request("x", [9], [40, 41])], [8])[0].token_ids == [42, 43]  # 2 = spec factor x match
+
+
 def test_a_preempted_request_resumes_its_sequences():
     p = SuffixProposer(4)
     r = request("a", [1, 2, 3, 4], [5, 6])

@@ -1,39 +1,68 @@
-"""`python -m speclab.bench heads`: every proposer side by side at batch 1 (lesson 08).
+"""`python -m speclab.bench heads [--json PATH]`: every proposer side by side at batch 1 (lessons 08, 10).
 
 For each prompt set and temperature: plain decoding, n-gram, the draft model (`draft`, or
 `smollm2-draft` for SmolLM2) and the heads (EAGLE, EAGLE-3-style, Medusa, MTP on the embedded
-target; EAGLE on SmolLM2), each in
-one engine run over the same prompts. Reported per row: tokens/s and the measured speedup over the
-plain row of the same set and temperature; acceptance per position (accepted at position i / drafts);
-alpha (Leviathan's: accepted / positions tested); mean acceptance length tau (1 + accepted / drafts);
-the drafting cost c (the proposer's measured time per drafted token, over the plain row's time per
-token); and two predictions from those measurements: tau / (1 + k c) (Leviathan's memory-bound
-model) and tau / (v_k + k c), with v_k the measured cost of a (k + 1)-token target forward in
-decode steps. Batch 1, one run: compare rows of the same run, not across runs.
+target; EAGLE on SmolLM2), and EAGLE's trees (lesson 10): a static `speculative_token_tree` and an
+EAGLE-2 dynamic tree with as many nodes as the chain has drafts, so chain and trees verify the same
+number of tokens per step. Every row is one LLM; the rows share the target's weights
+(`speclab.llm.shared_weights`). `--repeats` interleaved rounds: in each round every row runs every
+set once, so drifting load falls on all rows alike; times are medians over the rounds and a
+speedup's range is over the rounds (each against the plain row of its own round).
+
+Reported per row: tokens/s, speedup over plain decoding, acceptance per position (accepted at
+position i, a tree's depth i, / drafts), acceptance rate (accepted / drafted: a tree drafts more
+tokens than it can keep), mean acceptance length tau (1 + accepted / drafts), the drafting cost c
+(the proposer's time per drafted token over the plain row's time per token) and, at T = 0,
+whether the output equals plain greedy decoding token for token. Batch 1: compare rows of one run.
 """
 
 from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from speclab.data.chat_prompts import load_chat_prompts
 from speclab.data.prompts import load_prompts
-from speclab.llm import LLM
+from speclab.llm import LLM, shared_weights
 from speclab.sampling_params import SamplingParams
-from speclab.timing import forward_seconds, timed, wrap_timed
+from speclab.timing import forward_seconds, machine_info, timed, wrap_timed
 
 EMBEDDED_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "medusa", "mtp")
+# EAGLE's trees at a verified budget of k = 4 nodes (the chain's k), chosen by measurement on SmolLM2's
+# held-out chats (greedy mean acceptance length; lesson 10 and the closing note give the comparison)
+STATIC_TREES = {4: "[(0,), (1,), (0, 0), (0, 0, 0)]", 6: "[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]"}
 
 
-def spec_config(method: str, k: int, temperature: float, draft: str) -> dict | None:
-    if method == "none":
-        return None
-    if method == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+@dataclass
+class Row:
+    """One configuration: its label in the table, its speculative config (None: plain)."""
+
+    method: str
+    k: int
+    tree: str | None
+    spec: dict | None
+
+
+def rows_for(real: bool, k: int, temperature: float, draft: str, methods=None) -> list[Row]:
     sample = "greedy" if temperature == 0 else "probabilistic"
-    if method == "draft_model":
-        return {"method": "draft_model", "model": draft, "num_speculative_tokens": k, "draft_sample_method": sample}
-    return {"method": method, "num_speculative_tokens": k, "draft_sample_method": sample}
+    rows = [Row("none", 0, None, None),
+            Row("ngram", k, None, {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3,
+                                   "prompt_lookup_min": 1}),
+            Row("draft_model", k, None, {"method": "draft_model", "model": draft, "num_speculative_tokens": k,
+                                         "draft_sample_method": sample})]
+    heads = ("eagle",) if real else EMBEDDED_METHODS[2:]
+    rows += [Row(m, k, None, {"method": m, "num_speculative_tokens": k, "draft_sample_method": sample}) for m in heads]
+    if k in STATIC_TREES:  # the trees draft their top-k children (greedy drafts) at every temperature
+        rows.append(Row("eagle", k, STATIC_TREES[k], {"method": "eagle", "num_speculative_tokens": k,
+                                                      "speculative_token_tree": STATIC_TREES[k]}))
+    rows.append(Row("eagle", k, f"dynamic: steps {k - 1}, topk 2", {
+        "method": "eagle", "num_speculative_tokens": k, "speculative_num_steps": k - 1, "speculative_eagle_topk": 2,
+        "speculative_num_draft_tokens": k + 1}))
+    return [r for r in rows if methods is None or r.method in methods]
 
 
 def time_proposer(llm) -> dict:
@@ -50,58 +79,109 @@ def time_proposer(llm) -> dict:
     return acc
 
 
-def run_row(llm, prompts, temperature: float, max_tokens: int, chat: bool) -> tuple[float, int, dict]:
-    """(seconds, tokens, drafting timer) over the prompts, one request at a time (batch 1)."""
+def run_set(llm, prompts, temperature: float, max_tokens: int, chat: bool) -> tuple[float, list[list[int]]]:
+    """(seconds, output token ids) over the prompts, one request at a time (batch 1)."""
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=not chat)
     call = (lambda p: llm.chat(p, params, use_tqdm=False)) if chat else (lambda p: llm.generate([p], params, use_tqdm=False))
-    call(prompts[0])  # warm-up
-    llm.engine.stats.reset()
-    acc = time_proposer(llm)
-    acc["seconds"], acc["drafted"] = 0.0, 0
-    tokens, secs = 0, 0.0
+    secs, outs = 0.0, []
     for p in prompts:
         out, seconds = timed(lambda: call(p))
         secs += seconds
-        tokens += len(out[0].outputs[0].token_ids)
-    return secs, tokens, acc
+        outs.append(list(out[0].outputs[0].token_ids))
+    return secs, outs
+
+
+def measure(rows, prompt_sets, temperature, args, real) -> dict:
+    """Interleaved rounds: (row index, set) -> {"seconds": [...], "tokens", "outputs", "stats", "propose"}."""
+    small = dict(max_num_seqs=4, kv_cache_gb=0.25)  # batch 1: a small pool per row
+    llms = [LLM(args.target, speculative_config=r.spec, **small) for r in rows]
+    timers = [time_proposer(llm) for llm in llms]
+    first = next(iter(prompt_sets.values()))[0]
+    for llm in llms:  # warm-up, then counters from zero
+        run_set(llm, [first], temperature, 8, real)
+        llm.engine.stats.reset()
+    for t in timers:
+        t["seconds"], t["drafted"] = 0.0, 0
+    out = {}
+    for _ in range(args.repeats):
+        for i, (llm, timer) in enumerate(zip(llms, timers)):
+            for kind, prompts in prompt_sets.items():
+                before, drafting = counters(llm.engine.stats), dict(timer)
+                secs, outs = run_set(llm, prompts, temperature, args.max_tokens, real)
+                cell = out.setdefault((i, kind), {"seconds": [], "outputs": outs, "drafts": 0, "drafted": 0,
+                                                  "accepted": 0, "per_pos": None, "propose_s": 0.0, "proposed": 0})
+                cell["seconds"].append(secs)
+                cell["tokens"] = sum(len(o) for o in outs)
+                after = counters(llm.engine.stats)
+                for j, key in enumerate(("drafts", "drafted", "accepted")):
+                    cell[key] += after[j] - before[j]
+                per_pos = [a - b for a, b in zip(after[3], before[3])]
+                cell["per_pos"] = per_pos if cell["per_pos"] is None else [a + b for a, b in zip(cell["per_pos"], per_pos)]
+                cell["propose_s"] += timer["seconds"] - drafting["seconds"]
+                cell["proposed"] += timer["drafted"] - drafting["drafted"]
+    return out
+
+
+def counters(st) -> tuple:
+    return st.num_drafts, st.num_draft_tokens, st.num_accepted_tokens, list(st.num_accepted_tokens_per_pos)
 
 
 def bench_heads(args) -> None:
     real = args.target == "smollm2"
     k = args.k
-    methods = ("none", "ngram", "draft_model", "eagle") if real else ("none",) + EMBEDDED_METHODS
     sets = tuple(args.sets or (("edit", "codegen", "qa", "chat") if real else ("code", "prose")))
-    small = dict(max_num_seqs=4, kv_cache_gb=0.25)  # batch 1: a small pool, so that one LLM at a time fits
-    plain = LLM(args.target, **small)
-    t1 = forward_seconds(plain.model)
-    v_k = forward_seconds(plain.model, tokens=k + 1) / t1
-    print(f"{args.target}: batch 1, k = {k}, {args.max_tokens} new tokens, {args.num_prompts} prompts per set; "
-          f"torch threads = {torch.get_num_threads()}; a {k + 1}-token target forward costs v_k = {v_k:.2f} decode steps")
-    head = (f"{'set':<8}{'T':>3} {'method':<12}{'tok/s':>7}{'speedup':>8}{'pred':>7}{'pred2':>7}{'c':>7}{'alpha':>7}"
-            f"{'tau':>6}  acceptance per position")
     prompt_sets = {kind: (load_chat_prompts(kind) if real else load_prompts(kind))[:args.num_prompts] for kind in sets}
-    for temperature in args.temperatures:
-        print("\n" + head)
-        base = {}
-        for m in methods:
-            llm = plain if m == "none" else LLM(args.target, speculative_config=spec_config(m, k, temperature, args.draft),
-                                                **small)
-            for kind, prompts in prompt_sets.items():
-                secs, tokens, acc = run_row(llm, prompts, temperature, args.max_tokens, chat=real)
-                per_token = secs / tokens
-                if m == "none":
-                    base[kind] = per_token
-                st = llm.engine.stats
-                c = acc["seconds"] / max(acc["drafted"], 1) / base[kind] if m != "none" else 0.0
-                tau = st.mean_acceptance_length if m != "none" else 1.0
-                kk = k if m != "none" else 0
-                pred, pred2 = tau / (1 + kk * c), tau / ((v_k if kk else 1.0) + kk * c)
-                per_pos = " ".join(f"{a:.2f}" for a in st.acceptance_per_pos()) if m != "none" else ""
-                alpha = st.alpha if m != "none" else float("nan")
-                print(f"{kind:<8}{temperature:>3g} {m:<12}{1 / per_token:>7.1f}{base[kind] / per_token:>7.2f}x{pred:>6.2f}x"
-                      f"{pred2:>6.2f}x{c:>7.3f}{alpha:>7.2f}{tau:>6.2f}  {per_pos}", flush=True)
-            del llm
-    print("\nspeedup: tokens/s over the plain row of the same set and T, this run; c: drafting seconds (propose, a "
-          "head's pass over the step's hidden states included) per drafted token / plain seconds per token;\npred = tau / (1 + k c) (memory-bound "
-          "target); pred2 = tau / (v_k + k c) with the measured verify cost v_k; T > 0 rows draft by sampling q "
-          "(kept for verification), n-gram excepted.")
+    info = machine_info()
+    print(f"{args.target}: batch 1, k = {k} (a tree: {k} nodes), {args.max_tokens} new tokens, {args.num_prompts} "
+          f"prompts per set, {args.repeats} interleaved rounds; {info['cpu']}, {info['cores']} cores, torch "
+          f"{info['torch']} with {info['threads']} thread(s); load average {info['load_average']}")
+    table = []
+    with shared_weights():
+        plain = LLM(args.target, max_num_seqs=4, kv_cache_gb=0.25)
+        v_k = forward_seconds(plain.model, tokens=k + 1) / forward_seconds(plain.model)
+        print(f"a {k + 1}-token target forward costs v_k = {v_k:.2f} decode steps (pred = tau / (v_k + k c))")
+        del plain
+        for temperature in args.temperatures:
+            rows = rows_for(real, k, temperature, args.draft, getattr(args, "head_methods", None))
+            cells = measure(rows, prompt_sets, temperature, args, real)
+            print(f"\n{'set':<8}{'T':>3} {'method':<12}{'tree':<34}{'tok/s':>7}{'speedup':>20}{'pred':>7}{'c':>7}"
+                  f"{'rate':>6}{'tau':>6} {'same':>5}  acceptance per position")
+            for kind in sets:
+                plain = cells[(0, kind)]
+                for i, r in enumerate(rows):
+                    table.append(report_row(r, kind, temperature, cells[(i, kind)], plain, v_k))
+    info["load_average_at_the_end"] = machine_info()["load_average"]
+    print("\nspeedup: median tokens/s over the plain row's, same set and T (range over the rounds); c: drafting "
+          "seconds per drafted token / plain seconds per token; rate: accepted / drafted; same: output identical to "
+          f"plain greedy (T = 0). Load average at the end {info['load_average_at_the_end']}.")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": info, "target": args.target, "k": k,
+                                               "max_tokens": args.max_tokens, "num_prompts": args.num_prompts,
+                                               "repeats": args.repeats, "rows": table}, indent=1) + "\n")
+        print(f"wrote {args.json}")
+
+
+def report_row(r: Row, kind: str, temperature: float, cell: dict, plain: dict, v_k: float) -> dict:
+    """Print one line of the table; return its JSON row."""
+    per_token = [s / cell["tokens"] for s in cell["seconds"]]
+    base = [s / plain["tokens"] for s in plain["seconds"]]
+    ratios = [b / t for b, t in zip(base, per_token)]
+    spec, drafts = r.spec is not None, max(cell["drafts"], 1)
+    c = cell["propose_s"] / max(cell["proposed"], 1) / statistics.median(base) if spec else 0.0
+    tau = 1 + cell["accepted"] / drafts if spec else 1.0
+    identical = cell["outputs"] == plain["outputs"] if temperature == 0 else None
+    row = {"set": kind, "temperature": temperature, "method": r.method, "k": r.k, "tree": r.tree,
+           "tok_per_s": 1 / statistics.median(per_token), "speedup": statistics.median(ratios),
+           "speedup_range": [min(ratios), max(ratios)],
+           "acceptance_rate": cell["accepted"] / max(cell["drafted"], 1) if spec else None,
+           "mean_acceptance_length": tau,
+           "acceptance_per_position": [a / drafts for a in cell["per_pos"]] if spec else [],
+           "c": c, "predicted_speedup": tau / (v_k + r.k * c) if spec else 1.0, "identical": identical}
+    per_pos = " ".join(f"{a:.2f}" for a in row["acceptance_per_position"][:r.k])
+    speed = f"{row['speedup']:.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+    same = "" if identical is None else ("yes" if identical else "NO")
+    label = (r.tree or "chain") if spec else ""
+    print(f"{kind:<8}{temperature:>3g} {r.method:<12}{label:<34}{row['tok_per_s']:>7.1f}{speed:>20}"
+          f"{row['predicted_speedup']:>6.2f}x{c:>7.3f}{(row['acceptance_rate'] or 0):>6.2f}{tau:>6.2f} {same:>5}  "
+          f"{per_pos}", flush=True)
+    return row

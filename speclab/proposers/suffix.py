@@ -159,12 +159,15 @@ class SuffixProposer(Proposer):
         self.local: dict[str, SuffixTree] = {}  # request id -> its tree over prompt + output
         self.global_tree = SuffixTree(max_tree_depth)  # outputs of this engine's requests
         self._cached: OrderedDict[str, None] = OrderedDict()  # request ids in global_tree, oldest first
+        self._seen: dict[str, Request] = {}  # running requests drafted for: at `remove`, a finished one's
+        # last step of tokens (committed after its last proposal) still joins the global tree
 
     def propose(self, requests: list[Request], max_drafts: list[int], forward=None) -> list[Proposal]:
         """Drafts for each request from its committed tokens (`forward`, the target's hidden states, is not read)."""
         return [self._propose_one(r, k) for r, k in zip(requests, max_drafts)]
 
     def _propose_one(self, r: Request, k: int) -> Proposal:
+        self._seen[r.request_id] = r
         tree = self._local_tree(r)
         self._cache_output(r)
         k = min(k, self.num_speculative_tokens)
@@ -203,11 +206,15 @@ class SuffixProposer(Proposer):
             self.global_tree.remove(oldest)
 
     def remove(self, request_ids: list[str]) -> None:
-        """Drop the requests' own trees; their outputs stay in the global tree until evicted.
+        """Drop the requests' own trees; their outputs stay in the global tree until evicted (a finished
+        request's whole output: its last step's tokens are added here).
 
         A preempted request that comes back under the same id continues its global sequence."""
         for rid in request_ids:
             self.local.pop(rid, None)
+            r = self._seen.pop(rid, None)
+            if r is not None and r.is_finished:
+                self._cache_output(r)
 
 
 def check_knobs(k, depth, cached, factor, min_prob) -> None:
