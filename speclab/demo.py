@@ -91,6 +91,12 @@ def machine_line(threads: int) -> str:
     return f"{cpu}, {os.cpu_count()} cores; torch {torch.__version__} with {threads} thread(s)"
 
 
+def peak_memory_line() -> str:
+    """This process's peak resident memory (what a learner's laptop must hold)."""
+    import resource
+    return f"peak memory {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GB"
+
+
 def speedup_text(ratios: list[float]) -> str:
     """The median speedup with its range over the repeats; a speedup whose repeats disagree on
     which side of 1.0 it lies was not reproduced, and is not printed as one."""
@@ -146,10 +152,12 @@ def load_llms(model, rows: list, missing: list[str]) -> dict:
     directory that does not fit the target) is removed from `rows` with a line in `missing`."""
     from speclab.llm import LLM
 
-    llms = {None: LLM(model, max_num_seqs=1, max_num_batched_tokens=1024)}
+    # batch 1 and short chats: a 0.1 GB pool holds ~2,000 tokens of SmolLM2's KV (the default 1 GB is for serving)
+    small = dict(max_num_seqs=1, max_num_batched_tokens=1024, kv_cache_gb=0.1)
+    llms = {None: LLM(model, **small)}
     for name, config in list(rows):
         try:
-            llms[name] = LLM(model, speculative_config=config, max_num_seqs=1, max_num_batched_tokens=1024)
+            llms[name] = LLM(model, speculative_config=config, **small)
         except (OSError, ValueError) as err:
             rows.remove((name, config))
             missing.insert(0, f"{name} not available: {err}")
@@ -164,6 +172,7 @@ def spread(records: list, n: int) -> list:
 def real_demo(num_prompts: int = 2, max_tokens: int = 64, repeats: int = 2, threads: int = 1) -> None:
     """Plain vs n-gram vs the draft model on the real model, per chat prompt set, batch 1, greedy."""
     from speclab.data.chat_prompts import SETS, chat_prompts_version, load_chat_prompts
+    from speclab.llm import shared_weights
     from speclab.models import smollm2
     from speclab.sampling_params import SamplingParams
 
@@ -171,7 +180,8 @@ def real_demo(num_prompts: int = 2, max_tokens: int = 64, repeats: int = 2, thre
     start = time.perf_counter()
     smollm2.model_dir()                      # converts the GGUF once (about 20 s), then reused
     rows, missing = real_methods()
-    llms = load_llms("smollm2", rows, missing)
+    with shared_weights():  # every row's LLM reads one copy of the target's weights
+        llms = load_llms("smollm2", rows, missing)
     warm = [{"role": "user", "content": "Hi"}]
     for llm in llms.values():
         llm.chat(warm, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
@@ -216,7 +226,7 @@ def real_demo(num_prompts: int = 2, max_tokens: int = 64, repeats: int = 2, thre
           "verified (vLLM's 1 + accepted / drafts). Acceptance is deterministic here (greedy); speedups move with\n"
           "the machine's load. Prompt lookup pays where the answer repeats the prompt (edits, code restating its "
           "signature) and little on open chat;\nlessons 03-04 show where the time goes, lesson 00 the memory "
-          f"roofline. (demo total {time.perf_counter() - start:.0f} s)")
+          f"roofline. (demo total {time.perf_counter() - start:.0f} s; {peak_memory_line()})")
     save_real_plot(results)
 
 
