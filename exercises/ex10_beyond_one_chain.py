@@ -3,8 +3,8 @@
 Lesson 10 changes both ends of the speculative loop. Here you write each piece from scratch, as pure
 functions on small tensors: block verification for a batch (keep the LAST position that passes), a
 draft tree's layout (vLLM's literal, positions by depth, the ancestor-only mask), the greedy tree walk,
-KV compaction of the accepted path, recursive rejection sampling over siblings (with and without
-replacement), and the law check that tells an exact rule from a lossy one. Each is graded against
+KV compaction of the accepted path, the rule for deterministic (top-k) children, recursive rejection
+sampling over sampled siblings (with and without replacement), and the law check that tells an exact rule from a lossy one. Each is graded against
 speclab's own function (speclab.verify.block, speclab.verify.tree, the runner's `_compact`) or against
 the target's law. Fill in the functions, then grade yourself:
     .venv/bin/python -m pytest --impl=exercises tests/test_ex10_beyond_one_chain.py
@@ -71,6 +71,21 @@ def compact_kv(kv: torch.Tensor, start: int, path: list[int]) -> tuple[torch.Ten
         the step: the root and the accepted path; the token emitted after them is written next step).
     """
     raise NotImplementedError("TODO(ex10): 3 lines: node path[j] goes to start + 1 + j (start is the root's position)")
+
+
+def top_k_children_verify(p: torch.Tensor, children: list[int], uniforms: torch.Tensor,
+                          noise: torch.Tensor) -> tuple[int, int]:
+    """Verify deterministic children at one node (the drafter's top-k, each a point mass; EAGLE's rule).
+
+    Args:
+        p: (V,) the target at the node; children: their tokens in rank order (a token may repeat);
+        uniforms: (len(children),) one per test; noise: (V,) Exp(1).
+    Returns:
+        (index of the accepted child, its token): child x is accepted iff u * (mass left) < p_left(x), where
+        p_left is p with the children already tried set to 0; or (-1, argmax p_left / noise) if none is.
+    """
+    raise NotImplementedError("TODO(ex10): 8 lines: try the children in order; accept with p_left(x) / mass left; "
+                              "else set p_left(x) = 0; if none is accepted, race over what is left")
 
 
 def recursive_rejection_sample(p: torch.Tensor, drafts: list[int], q: torch.Tensor, uniforms: torch.Tensor,

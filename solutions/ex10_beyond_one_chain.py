@@ -114,6 +114,28 @@ def compact_kv(kv: torch.Tensor, start: int, path: list[int]) -> tuple[torch.Ten
     return out, start + 1 + len(path)
 
 
+def top_k_children_verify(p: torch.Tensor, children: list[int], uniforms: torch.Tensor,
+                          noise: torch.Tensor) -> tuple[int, int]:
+    """Verify deterministic children at one node (the drafter's top-k, each a point mass; EAGLE's rule).
+
+    Args:
+        p: (V,) the target at the node; children: their tokens in rank order (a token may repeat);
+        uniforms: (len(children),) one per test; noise: (V,) Exp(1).
+    Returns:
+        (index of the accepted child, its token): child x is accepted iff u * (mass left) < p_left(x), where
+        p_left is p with the children already tried set to 0; or (-1, argmax p_left / noise) if none is.
+    """
+    left = p.double().clone()
+    for i, x in enumerate(children):
+        mass = float(left.sum())
+        if mass > 0 and float(uniforms[i]) * mass < float(left[x]):
+            return i, int(x)
+        left[x] = 0.0
+    if float(left.sum()) <= 0:
+        left = p.double().clone()
+    return -1, int((left / noise.double()).argmax())
+
+
 def recursive_rejection_sample(p: torch.Tensor, drafts: list[int], q: torch.Tensor, uniforms: torch.Tensor,
                                noise: torch.Tensor, without_replacement: bool) -> tuple[int, int]:
     """Verify m sibling drafts at one node (SpecInfer's MSS / Jeon et al.'s recursive rejection sampling).

@@ -4,8 +4,9 @@ Each answer is checked against speclab's own function on the same inputs (specla
 block verification, speclab.verify.tree for the tree's layout and walk, the model runner's `_compact`
 for KV compaction), or against the target's law (sibling verification, the law check). The checks
 name the classic mistakes: block verification that stops at the first failure, a tree mask that lets
-siblings see each other, KV compaction off by one, with-replacement siblings verified with the
-without-replacement update, and a lossy rule (typical acceptance) labelled lossless. The negative
+siblings see each other, KV compaction off by one, deterministic children tested against the original
+p instead of what is left, with-replacement siblings verified with the without-replacement update, and a
+lossy rule (typical acceptance) labelled lossless. The negative
 controls at the bottom run each of those wrong answers through the same checks and show every one
 is caught, with its name in the message (skipped under --impl=exercises).
 
@@ -26,7 +27,7 @@ from speclab import stats
 from speclab.engine.model_runner import ModelRunner
 from speclab.kv_cache import KVCacheManager
 from speclab.verify import block, rejection, typical
-from speclab.verify.tree import TokenTree, draw_children, from_parents, parse_tree, walk
+from speclab.verify.tree import TokenTree, draw_children, from_parents, parse_tree, sample_tree, walk
 from speclab.verify.tree import recursive_rejection_sample as speclab_rrs
 from tests.helpers import fail_on
 
@@ -279,6 +280,82 @@ def check_compact(m) -> str | None:
 # 4. sibling verification (recursive rejection sampling), against a reference and the target's law
 
 
+def speclab_top_k(p, children, u, noise):
+    """speclab's rule for deterministic children (speclab.verify.tree.sample_tree on a root with these
+    children, the same uniforms); the token after a rejection of every child by the race over p_left."""
+    m, V = len(children), p.shape[0]
+    star = TokenTree((-1,) + (0,) * m, tuple(range(m + 1)))
+    path, _ = sample_tree(star, children, p[None].expand(m + 1, V), uniforms=[float(x) for x in u],
+                          generator=torch.Generator().manual_seed(0))
+    if path:
+        return path[0] - 1, int(children[path[0] - 1])
+    left = p.double().clone()
+    left[list(children)] = 0.0
+    left = left if float(left.sum()) > 0 else p.double()
+    return -1, int((left / noise.double()).argmax())
+
+
+def top_k_original_p(p, children, u, noise):
+    """BUG: accepts child x iff u < p(x), the original p, instead of p_left(x) / mass left."""
+    left = p.double().clone()
+    for i, x in enumerate(children):
+        if float(u[i]) < float(p[x]):
+            return i, int(x)
+        left[x] = 0.0
+    return -1, int((left / noise.double()).argmax())
+
+
+def top_k_no_zeroing(p, children, u, noise):
+    """BUG: a rejected child keeps its mass: later tests and the final token use p itself."""
+    for i, x in enumerate(children):
+        if float(u[i]) < float(p[x]):
+            return i, int(x)
+    return -1, int((p.double() / noise.double()).argmax())
+
+
+def check_top_k(m, n_law=3000) -> str | None:
+    g = torch.Generator().manual_seed(18)
+    for c in range(300):
+        V = int(torch.randint(2, 9, (1,), generator=g))
+        p = (1.5 * torch.randn(V, generator=g, dtype=F64)).softmax(-1)
+        q = (1.5 * torch.randn(V, generator=g, dtype=F64)).softmax(-1)
+        mm = int(torch.randint(1, V + 1, (1,), generator=g))
+        children = q.argsort(descending=True)[:mm].tolist()
+        if c % 10 == 9 and mm > 1:
+            children[-1] = children[0]  # a repeated token: its mass is already 0 the second time
+        u = torch.rand(mm, generator=g, dtype=F64)
+        noise = torch.empty(V, dtype=F64).exponential_(1.0, generator=g)
+        want = speclab_top_k(p, children, u, noise)
+        got = m.top_k_children_verify(p.clone(), list(children), u.clone(), noise.clone())
+        got = (int(got[0]), int(got[1]))
+        if got == want:
+            continue
+        if want[0] == -1 and got[0] == -1:
+            what = ("every child was rejected: the token is argmax p_left / noise, where p_left is p with every child "
+                    "set to 0 (set p_left(x) = 0 as each is rejected: the target's distribution given that the token "
+                    "is none of them)")
+        elif got == top_k_no_zeroing(p, children, u, noise) or got == top_k_original_p(p, children, u, noise):
+            what = ("after a child is rejected set p_left(x) = 0 and test the next child with p_left(x) / (mass left): "
+                    "each test is 'is it this token, given it is none of the ones already refused?' (testing against "
+                    "the original p(x) under-accepts every child after the first)")
+        else:
+            what = "accept child x iff u * (mass left) < p_left(x), trying the children in rank order"
+        return (f"top_k_children_verify, case {c} (p = {[round(float(v), 3) for v in p]}, children {children}, "
+                f"u = {[round(float(v), 3) for v in u]}): want {want}, got {got}; {what}")
+    p = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=F64)
+    children = [1, 2]
+    counts = np.zeros(4)
+    for _ in range(n_law):
+        u = torch.rand(2, generator=g, dtype=F64)
+        noise = torch.empty(4, dtype=F64).exponential_(1.0, generator=g)
+        counts[int(m.top_k_children_verify(p, list(children), u, noise)[1])] += 1
+    pv = stats.chi2_gof(counts, p.numpy())
+    if pv < 1e-4:
+        return (f"the law check failed: children {children} at p = {p.tolist()} emitted {np.round(counts / n_law, 3).tolist()} "
+                f"(chi2 p-value {pv:.1e}); the token a node emits must be distributed as p")
+    return None
+
+
 def reference_rrs(p, drafts, q, u, noise, without_replacement):
     """speclab.verify.tree.recursive_rejection_sample's rule with explicit uniforms and noise (its law is
     checked against speclab's own in test_controls_reference_rrs_law)."""
@@ -424,6 +501,10 @@ def test_kv_compaction(impl):
     fail_on(check_compact(impl))
 
 
+def test_deterministic_children(impl):
+    fail_on(check_top_k(impl))
+
+
 def test_sibling_verification(impl):
     fail_on(check_rrs(impl))
 
@@ -563,6 +644,21 @@ def test_controls_compact(controls):
     caught(check_compact, "off by one", compact_kv=compact_to_start_plus_j)
     caught(check_compact, "off by one", compact_kv=compact_reads_node_minus_one)
     caught(check_compact, "off by one", compact_kv=compact_length_without_root)
+
+
+def top_k_end_from_p(p, children, u, noise):
+    """BUG: the right tests, but after every child is rejected the token is raced over p, not p_left."""
+    import solutions.ex10_beyond_one_chain as sol
+    i, t = sol.top_k_children_verify(p, children, u, noise)
+    return (i, t) if i >= 0 else (-1, int((p.double() / noise.double()).argmax()))
+
+
+def test_controls_top_k(controls):
+    import solutions.ex10_beyond_one_chain as sol
+    assert check_top_k(sol) is None
+    caught(check_top_k, "set p_left(x) = 0", top_k_children_verify=top_k_no_zeroing)
+    caught(check_top_k, "mass left", top_k_children_verify=top_k_original_p)
+    caught(check_top_k, "argmax p_left / noise", top_k_children_verify=top_k_end_from_p)
 
 
 def rrs_always_without(p, drafts, q, u, noise, without_replacement):
