@@ -354,3 +354,21 @@ def test_server_takes_tree_keys_and_counts_tree_drafts_by_depth():
         assert bad.status_code == 200  # the server is fine after the tree requests
     assert 0 < accepted <= drafted and sum(by_depth) == accepted
     assert by_depth[3:] == [0, 0, 0] and by_depth == sorted(by_depth, reverse=True), by_depth  # depth <= 3
+
+
+@pytest.mark.parametrize("policy", [{"num_speculative_tokens_per_batch_size": {"1-64": 2}}, {"adaptive": True}],
+                         ids=["batch-size table", "adaptive"])
+def test_a_speculation_policys_k_is_a_trees_verified_budget(policy):
+    """Dynamic speculation with a tree: the policy's k bounds the nodes verified per request (the tree's
+    first k, breadth first); greedy output stays plain greedy. (Found by the lesson-10 review: every
+    step failed.)"""
+    spec = {**SPECS["draft static"], **policy}
+    llm = LLM(speculative_config=spec, max_num_seqs=2, disable_log_stats=False)
+    out = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)]
+    plain = [o.outputs[0].token_ids for o in LLM(max_num_seqs=2).generate(PROMPTS[:2], GREEDY, use_tqdm=False)]
+    assert out == plain
+    c = spec_decode_counters(llm.get_metrics())
+    if "num_speculative_tokens_per_batch_size" in policy:
+        assert c["num_draft_tokens"] <= 2 * c["num_drafts"], c
+    else:
+        assert c["num_draft_tokens"] <= 6 * c["num_drafts"], c

@@ -185,8 +185,8 @@ class LLMEngine:
             num_tokens=sum(s.num_new_tokens for s in scheduled), target_seconds=t_target, batch_size=len(decoding),
             decode_only=bool(scheduled) and all(s.num_new_tokens == 1 + s.num_draft_tokens for s in scheduled),
             num_verifying=sum(1 for s in scheduled if s.num_draft_tokens),
-            num_drafted=sum(len(ids) for ids, _ in drafts.values()), num_requested=k * len(decoding), k=k,
-            num_with_drafts=sum(1 for ids, _ in drafts.values() if ids), draft_seconds=t_draft, stats=self.stats)
+            num_drafted=sum(len(d[0]) for d in drafts.values()), num_requested=k * len(decoding), k=k,
+            num_with_drafts=sum(1 for d in drafts.values() if d[0]), draft_seconds=t_draft, stats=self.stats)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

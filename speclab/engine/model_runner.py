@@ -235,17 +235,20 @@ class ModelRunner:
         if not self.proposer or (not requests and forward is None):
             return {}
         k = self.proposer.num_speculative_tokens if k is None else min(k, self.proposer.num_speculative_tokens)
-        limits = [max(0, min(k, r.params.max_tokens - len(r.output_token_ids) - 1)) for r in requests]
+        left = [max(0, r.params.max_tokens - len(r.output_token_ids) - 1) for r in requests]
+        limits = [min(k, n) for n in left]
         proposals = (self.proposer.propose(requests, limits) if forward is None
                      else self.proposer.propose(requests, limits, forward=forward))
-        return {r.request_id: self._limit(p, n) for r, p, n in zip(requests, proposals, limits)}
+        return {r.request_id: self._limit(p, k, n) for r, p, n in zip(requests, proposals, left)}
 
     @staticmethod
-    def _limit(p, n: int) -> tuple:
-        """At most n drafts, or a tree's nodes down to depth n (n tokens left before max_tokens)."""
+    def _limit(p, k: int, left: int) -> tuple:
+        """At most k drafts and `left` (the tokens left before max_tokens); a tree keeps its first k
+        nodes (a policy's k is the verified budget) down to depth `left` (what it can still accept)."""
         if p.tree is not None:
-            tree = p.tree.up_to_depth(n)
+            tree = p.tree.truncate(min(k, p.tree.num_nodes)).up_to_depth(left)
             return p.token_ids[:tree.num_nodes], None, tree
+        n = min(k, left)
         return p.token_ids[:n], None if p.draft_probs is None else p.draft_probs[:n]
 
     def remove_requests(self, request_ids: list[str]) -> None:

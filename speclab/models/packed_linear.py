@@ -8,6 +8,12 @@ float32 and 15 GB/s in bfloat16; the same weights reordered once by oneDNN
 (`torch.ops.mkldnn._reorder_linear_weight`, what torch.compile's CPU backend does to a frozen
 model) ran at 25-30 GB/s and 30-35 GB/s, against about 37 GB/s for a plain `sum` over memory.
 
+The packing takes a batch-size hint, the number of rows oneDNN tunes the layout for. Tuned for 1
+row, a forward over 2-9 rows (a speculative step verifying k drafts) ran 1.5-2.3x slower than the
+same forward packed for 4 rows, while 1 row ran about as fast either way (`python -m
+speclab.bench verify-cost`, and a sweep of SmolLM2's shapes over hints 1, 2, 4, 8, 16 at load 5-6).
+So the default hint is 4 (SPECLAB_PACK_BATCH overrides it): verification is what this engine is for.
+
 Packing changes speed, not the function: where oneDNN (or its bfloat16 support) is missing, on a
 GPU, or with SPECLAB_PACKED_LINEAR=0, `PackedLinear` is `F.linear` on the plain weight. The two
 agree within float rounding (they sum in a different order), as two GEMM libraries do.
@@ -19,6 +25,15 @@ import torch
 import torch.nn.functional as F
 
 PACKABLE = (torch.float32, torch.bfloat16)
+PACK_BATCH = 4  # rows the packed layout is tuned for (see the module docstring)
+
+
+def pack_batch() -> int:
+    """The batch-size hint for oneDNN's packing: SPECLAB_PACK_BATCH, else PACK_BATCH."""
+    value = os.environ.get("SPECLAB_PACK_BATCH", str(PACK_BATCH))
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"SPECLAB_PACK_BATCH must be a positive integer (rows to tune for), got {value!r}")
+    return int(value)
 
 
 def packing_enabled(weight: torch.Tensor) -> bool:
@@ -50,7 +65,7 @@ class PackedLinear:
         if packing_enabled(self.weight):
             try:
                 with torch.no_grad():
-                    self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 1)  # tuned for batch 1
+                    self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), pack_batch())
             except RuntimeError:  # an unsupported shape or build: the plain path is always right
                 self.packed = None
 
