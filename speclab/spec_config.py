@@ -11,11 +11,12 @@ shipped head as `model`; without one, speclab picks the head it ships for the ta
 for mtp only, whose weights live in the target's checkpoint).
 
     LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 4,
-                            "num_speculative_tokens_per_batch_size": {"1-8": 4, "9-32": 2, "33-1024": 0}})
+                            "num_speculative_tokens_per_batch_size": [[1, 8, 4], [9, 32, 2], [33, 1024, 0]]})
     LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 4, "adaptive": True})  # speclab's
 
 Dynamic speculation (lesson 09): vLLM's `num_speculative_tokens_per_batch_size` maps inclusive
-batch-size ranges to k (0: off), as a JSON object {"1-8": 4, ...} or a list of [start, end, k]; it
+batch-size ranges to k (0: off), as a list of [start, end, k] (vLLM's form, from v0.24.0) or, in speclab
+only, a JSON object {"1-8": 4, ...} (vLLM 0.32 refuses it: "Input should be a valid list"); it
 replaced `disable_by_batch_size`, which did nothing in vLLM v1 and was removed (PR #35060), so that key
 is refused with the replacement. `adaptive` (speclab's own key) picks k each step from live measurements.
 """
@@ -48,7 +49,7 @@ class SpeculativeConfig:
         prompt_lookup_max, prompt_lookup_min: n-gram sizes (ngram); one set copies to the other.
         draft_sample_method: "greedy" (argmax drafts, q treated as one-hot, vLLM's default) or
             "probabilistic" (drafts sampled from q, q kept for verification: higher acceptance at T > 0).
-        num_speculative_tokens_per_batch_size: vLLM's dynamic k: {"start-end": k} or [[start, end, k], ...],
+        num_speculative_tokens_per_batch_size: vLLM's dynamic k: [[start, end, k], ...] (or speclab's {"start-end": k}),
             inclusive ranges, 0 = off; normalized to a sorted list of (start, end, k).
         adaptive: speclab's adaptive k (0..num_speculative_tokens) from live acceptance and costs.
         rejection_sample_method: the verification rule, vLLM's key: "standard" (the default), "block"
@@ -89,7 +90,7 @@ class SpeculativeConfig:
         valid = [f.name for f in fields(cls)]
         if "disable_by_batch_size" in d:
             raise ValueError("'disable_by_batch_size' did nothing in vLLM v1 and was removed (PR #35060): use "
-                             "'num_speculative_tokens_per_batch_size', e.g. {\"1-16\": 4, \"17-4096\": 0} to stop "
+                             "'num_speculative_tokens_per_batch_size', e.g. [[1, 16, 4], [17, 4096, 0]] to stop "
                              "speculating above batch 16, or speclab's 'adaptive': true")
         if "tensor_parallel_size" in d:
             raise ValueError("'tensor_parallel_size' is not a valid argument in the speculative_config "
@@ -216,10 +217,11 @@ class SpeculativeConfig:
 
 
 def parse_batch_size_table(table, k_max: int) -> list[tuple[int, int, int]]:
-    """{"1-16": 3, "17-64": 0} or [[1, 16, 3], [17, 64, 0]] -> [(1, 16, 3), (17, 64, 0)], checked as vLLM
+    """[[1, 16, 3], [17, 64, 0]] (vLLM's form) or {"1-16": 3, "17-64": 0} -> [(1, 16, 3), (17, 64, 0)], checked as vLLM
     checks it: the first range starts at 1, ranges do not overlap, and a k above k_max is clamped to k_max."""
-    fix = ('num_speculative_tokens_per_batch_size maps inclusive batch-size ranges to k, e.g. '
-           '{"1-16": 4, "17-64": 2, "65-4096": 0} or [[1, 16, 4], [17, 64, 2], [65, 4096, 0]]')
+    fix = ('num_speculative_tokens_per_batch_size maps inclusive batch-size ranges to k, as vLLM takes it: a list '
+           '[[1, 16, 4], [17, 64, 2], [65, 4096, 0]] (speclab also reads {"1-16": 4, "17-64": 2, "65-4096": 0}, '
+           'which vLLM refuses)')
     if isinstance(table, dict):
         rows = []
         for key, k in table.items():
