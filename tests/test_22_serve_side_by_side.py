@@ -55,8 +55,10 @@ def test_every_cell_that_builds_an_llm_shows_its_vllm_change_from_the_crosswalk(
     assert table, f"the crosswalk's table has no rows for lesson {lesson}"
     quoted = set()
     for lines in code_cells(lesson):
-        builds = [i for i, line in enumerate(lines) if BUILDS_LLM.search(line) and not line.lstrip().startswith(("#", "from", "import"))]
-        comments = {i: line.split("# vLLM:", 1)[1].strip() for i, line in enumerate(lines) if line.lstrip().startswith("# vLLM:")}
+        builds = [i for i, line in enumerate(lines)
+                  if BUILDS_LLM.search(line) and not line.lstrip().startswith(("#", "from", "import"))]
+        comments = {i: line.split("# vLLM:", 1)[1].strip() for i, line in enumerate(lines)
+                    if line.lstrip().startswith("# vLLM:")}
         for i in builds:
             assert i - 1 in comments, (f"lesson {lesson}: the cell line {lines[i].strip()!r} builds an LLM without a "
                                        f"`# vLLM:` comment on the line above it (copy its row from vllm_crosswalk.md)")

