@@ -309,7 +309,7 @@ def print_table(rows: list[dict]) -> None:
               f"{f(r['vs_plain'], '8.2f'):>9}")
 
 
-def main(argv=None) -> dict:
+def parse_args(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m speclab.bench serve-vs-vllm", description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None, help="write the settings, every run and the median rows here")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds (default 3)")
@@ -325,7 +325,42 @@ def main(argv=None) -> dict:
     ap.add_argument("--guidellm-rounds", type=int, default=1, help="rounds in which guidellm runs too (default 1)")
     ap.add_argument("--startup-timeout", type=float, default=900)
     ap.add_argument("--timeout", type=float, default=900, help="seconds one client run may take")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def run_config(config: str, args, model_dir: Path, tmp: Path, dataset: Path, servers: dict) -> list[dict]:
+    """Start this config's pair of servers, run every round against them, stop them; the runs."""
+    runs = []
+    try:
+        for engine in SERVERS:
+            s = Server(engine, config, model_dir, args, tmp)
+            servers[(config, engine)] = s
+            s.wait_ready(args.startup_timeout)
+            print(f"  {engine} serve ({config}) ready in {s.startup_s} s on {s.url} (load {load()})", flush=True)
+        for rnd in range(args.repeats):
+            order = list(SERVERS) if rnd % 2 == 0 else list(SERVERS)[::-1]
+            for engine in order:
+                for client in args.clients:
+                    if client == "guidellm" and rnd >= args.guidellm_rounds:
+                        continue
+                    r = run_client(client, servers[(config, engine)], args, tmp, dataset, model_dir,
+                                   f"r{rnd}-{config}-{engine}-{client}")
+                    r.update(round=rnd, config=config, server=engine, client=client)
+                    runs.append(r)
+                    acc = r["server_acceptance_rate"]
+                    print(f"  round {rnd} {config:<6} {engine:<8} <- {client:<9} {r['completed']}/{args.num_prompts} "
+                          f"ok, {r['failed']} failed, {r['output_throughput']:.1f} out tok/s, median ITL "
+                          f"{r['median_itl_ms'] or 0:.1f} ms" + (f", acceptance {acc:.2f}" if acc is not None else "")
+                          + f" (load {r['load_average']})", flush=True)
+    finally:
+        for (c, _), s in servers.items():
+            if c == config:
+                s.stop()
+    return runs
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
     reason = skip_reason()
     if reason:
         raise SystemExit(f"serve-vs-vllm needs real vLLM: {reason}")
@@ -349,32 +384,7 @@ def main(argv=None) -> dict:
     servers: dict = {}
     runs = []
     for config in args.configs:   # one config's pair of servers at a time (memory: see the docstring)
-        try:
-            for engine in SERVERS:
-                s = Server(engine, config, model_dir, args, tmp)
-                servers[(config, engine)] = s
-                s.wait_ready(args.startup_timeout)
-                print(f"  {engine} serve ({config}) ready in {s.startup_s} s on {s.url} (load {load()})", flush=True)
-            for rnd in range(args.repeats):
-                order = list(SERVERS) if rnd % 2 == 0 else list(SERVERS)[::-1]
-                for engine in order:
-                    for client in args.clients:
-                        if client == "guidellm" and rnd >= args.guidellm_rounds:
-                            continue
-                        r = run_client(client, servers[(config, engine)], args, tmp, dataset, model_dir,
-                                       f"r{rnd}-{config}-{engine}-{client}")
-                        r.update(round=rnd, config=config, server=engine, client=client)
-                        runs.append(r)
-                        acc = r["server_acceptance_rate"]
-                        print(f"  round {rnd} {config:<6} {engine:<8} <- {client:<9} {r['completed']}/"
-                              f"{args.num_prompts} ok, {r['failed']} failed, {r['output_throughput']:.1f} out tok/s, "
-                              f"median ITL {r['median_itl_ms'] or 0:.1f} ms"
-                              + (f", acceptance {acc:.2f}" if acc is not None else "") + f" (load {r['load_average']})",
-                              flush=True)
-        finally:
-            for (c, _), s in servers.items():
-                if c == config:
-                    s.stop()
+        runs += run_config(config, args, model_dir, tmp, dataset, servers)
     rows = medians(runs)
     print_table(rows)
     load1 = load()
