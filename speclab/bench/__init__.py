@@ -7,4 +7,5 @@ One place for every benchmark (`python -m speclab.bench WHICH`, see cli.py):
   vs_vllm.py  speclab, real vLLM (from .venv-vllm) and transformers side by side (`vs-vllm`)
   serve.py    `speclab bench serve`: load a running server, report what `vllm bench serve` reports
   sweep.py    `speclab bench serve --sweep`: the concurrency sweep, with and without speculation
+  serve_vs_vllm.py  `speclab serve` and real `vllm serve` under both serving clients and guidellm (`serve-vs-vllm`)
 """

@@ -8,6 +8,7 @@
     python -m speclab.bench heads      # every proposer side by side, heads included (lesson 08; heads.py)
     python -m speclab.bench vs-vllm    # speclab, real vLLM and transformers side by side (vs_vllm.py)
     python -m speclab.bench verify-cost  # a forward over 1..9 tokens in decode steps, phase by phase (verify_cost.py)
+    python -m speclab.bench serve-vs-vllm   # speclab serve and vllm serve under both serving benchmarks
 
 The embedded pair (default) runs on the held-out code sets of speclab/data; `--target smollm2`
 (SmolLM2-135M-Instruct, Q4_1-dequantized) runs on the held-out chat sets (edit, codegen, qa, chat)
@@ -27,6 +28,7 @@ import torch
 from speclab import roofline, stats
 from speclab.bench.heads import bench_heads
 from speclab.bench.prompts import REAL_SETS, find_draft, is_real, prompt_ids
+from speclab.bench.serve_vs_vllm import main as serve_vs_vllm_main
 from speclab.bench.verify_cost import main as verify_cost_main
 from speclab.bench.vs_vllm import main as vs_vllm_main
 from speclab.llm import LLM, resolve_dtype
@@ -284,11 +286,14 @@ def bench_all(args) -> None:
         fn(args)
 
 
+# benchmarks with their own flags: name -> main(argv)
+OWN_FLAGS = {"vs-vllm": vs_vllm_main, "verify-cost": verify_cost_main, "serve-vs-vllm": serve_vs_vllm_main}
+
+
 def main(argv=None) -> None:
-    if (sys.argv[1:] if argv is None else argv)[:1] == ["vs-vllm"]:   # its own flags: speclab/bench/vs_vllm.py
-        return vs_vllm_main((sys.argv[1:] if argv is None else argv)[1:])
-    if (sys.argv[1:] if argv is None else argv)[:1] == ["verify-cost"]:  # its own flags: verify_cost.py
-        return verify_cost_main((sys.argv[1:] if argv is None else argv)[1:])
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] and argv[0] in OWN_FLAGS:
+        return OWN_FLAGS[argv[0]](argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("which", choices=["decode", "spec", "roofline", "ngram", "heads", "all"])
     ap.add_argument("--target", default="target", help="'target' (embedded), 'smollm2', or a checkpoint directory")

@@ -137,15 +137,18 @@ async def run_load(base_url: str, model: str, prompts: list, chat: bool, args) -
 
 
 def spec_counters(base_url: str) -> dict:
-    """The server's spec-decode counters from /metrics ({} when it does not speculate)."""
+    """The server's spec-decode counters from /metrics ({} when it does not speculate): speclab's
+    `speclab:spec_decode_*` or, against `vllm serve`, the same names under `vllm:`."""
     import requests
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict = {}
     for fam in text_string_to_metric_families(requests.get(base_url + "/metrics", timeout=30).text):
         for s in fam.samples:
-            if s.name.startswith("speclab:spec_decode_") and s.name.endswith("_total"):
-                key = s.name.removeprefix("speclab:spec_decode_").removesuffix("_total")
+            prefix = s.name.split(":", 1)[0] + ":spec_decode_"
+            if prefix in ("speclab:spec_decode_", "vllm:spec_decode_") and s.name.startswith(prefix) \
+                    and s.name.endswith("_total"):
+                key = s.name.removeprefix(prefix).removesuffix("_total")
                 if "position" in s.labels:
                     out.setdefault(key, {})[int(s.labels["position"])] = s.value
                 else:
