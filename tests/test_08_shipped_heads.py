@@ -54,12 +54,21 @@ def test_the_front_door_refuses_a_head_of_another_target(tmp_path):
         LLM(str(tmp_path / "t"), speculative_config={"method": "eagle", "model": "eagle", "num_speculative_tokens": 2})
 
 
+GREEDY_40 = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def plain_outputs():
+    """Plain greedy decoding of the prompts below, computed once for the four heads."""
+    prompts = load_prompts("code")[:4] + load_prompts("prose")[:1]
+    return prompts, [o.outputs[0].token_ids for o in LLM().generate(prompts, GREEDY_40, use_tqdm=False)]
+
+
 @pytest.mark.slow  # four heads x two schedules on the embedded target
 @pytest.mark.parametrize("method", EMBEDDED)
-def test_greedy_output_with_shipped_heads_equals_plain_output(method):
-    prompts = load_prompts("code")[:4] + load_prompts("prose")[:1]
-    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    plain = [o.outputs[0].token_ids for o in LLM().generate(prompts, params, use_tqdm=False)]
+def test_greedy_output_with_shipped_heads_equals_plain_output(method, plain_outputs):
+    prompts, plain = plain_outputs
+    params = GREEDY_40
     for knobs in ({}, {"max_num_batched_tokens": 24, "max_num_seqs": 5, "num_kv_blocks": 12}):
         llm = LLM(speculative_config={"method": method, "num_speculative_tokens": 4}, block_size=16, **knobs)
         outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
