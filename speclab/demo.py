@@ -22,7 +22,7 @@ import torch
 from speclab import stats
 from speclab.metrics import SpecDecodingStats
 from speclab.reference import autoregressive_generate, speculative_generate
-from speclab.timing import timed
+from speclab.timing import machine_info, timed
 from speclab.toy import MarkovLM
 
 
@@ -79,16 +79,8 @@ def toy_demo(argv=None) -> None:
 
 def machine_line(threads: int) -> str:
     """What the figures were measured on: CPU, cores, torch and its threads."""
-    import os
-    import platform
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores; torch {torch.__version__} with {threads} thread(s)"
+    info = machine_info(threads)
+    return f"{info['cpu']}, {info['cores']} cores; torch {info['torch']} with {threads} thread(s)"
 
 
 def peak_memory_line() -> str:
