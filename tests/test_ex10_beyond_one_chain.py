@@ -357,20 +357,10 @@ def check_top_k(m, n_law=3000) -> str | None:
 
 
 def reference_rrs(p, drafts, q, u, noise, without_replacement):
-    """speclab.verify.tree.recursive_rejection_sample's rule with explicit uniforms and noise (its law is
-    checked against speclab's own in test_controls_reference_rrs_law)."""
-    r, prop = p.double().clone(), q.double().clone()
-    for i, x in enumerate(drafts):
-        prop = prop / prop.sum()
-        if prop[x] > 0 and float(u[i]) * prop[x] < r[x]:
-            return i, int(x)
-        r = (r - prop).clamp(min=0)
-        r = r / r.sum() if r.sum() > 0 else p.double().clone()
-        if without_replacement:
-            prop[x] = 0.0
-            if prop.sum() <= 0:
-                break
-    return -1, int((r / noise.double()).argmax())
+    """speclab.verify.tree.recursive_rejection_sample with explicit uniforms and noise (its law is also
+    checked against speclab's own draws in test_controls_reference_rrs_law)."""
+    return speclab_rrs(p, [int(x) for x in drafts], q, without_replacement=without_replacement, uniforms=u,
+                       noise=noise)
 
 
 SIBLING_CASES = [  # (p, q, m): the target and draft at one node, m siblings

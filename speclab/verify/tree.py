@@ -237,7 +237,8 @@ def draw_children(q: torch.Tensor, m: int, *, replacement: bool, generator: torc
 
 
 def recursive_rejection_sample(p: torch.Tensor, drafts, q: torch.Tensor, *, without_replacement: bool,
-                               generator: torch.Generator | None = None) -> tuple[int, int]:
+                               generator: torch.Generator | None = None, uniforms=None,
+                               noise: torch.Tensor | None = None) -> tuple[int, int]:
     """Verify m siblings drafted from q at one node; returns (index of the accepted sibling or -1, the token).
 
     Args:
@@ -246,11 +247,14 @@ def recursive_rejection_sample(p: torch.Tensor, drafts, q: torch.Tensor, *, with
             sampling, each sibling tested against the proposal it was drawn from (q with the earlier
             siblings removed, renormalised). False: SpecInfer's MSS for i.i.d. siblings (q every time).
             Saying True for i.i.d. siblings is the classic bug, and the output is then biased.
+        uniforms: optional (m,) U(0, 1) draws for the tests; noise: optional (V,) Exp(1) noise, the final
+            token then being argmax r / noise (the race); both drawn from `generator` when None.
     """
     r, prop = p.double().clone(), q.double().clone()
     for i, x in enumerate(int(t) for t in drafts):
         prop = prop / prop.sum()
-        u = float(torch.rand((), generator=generator, dtype=torch.float64))
+        u = float(uniforms[i]) if uniforms is not None else float(torch.rand((), generator=generator,
+                                                                               dtype=torch.float64))
         if prop[x] > 0 and u * prop[x] < r[x]:  # accept with min(1, r(x) / prop(x))
             return i, x
         r = (r - prop).clamp(min=0)
@@ -261,4 +265,6 @@ def recursive_rejection_sample(p: torch.Tensor, drafts, q: torch.Tensor, *, with
             prop[x] = 0.0
             if prop.sum() <= 0:
                 break
+    if noise is not None:
+        return -1, int((r / noise.double()).argmax())
     return -1, int(torch.multinomial(r, 1, generator=generator))
