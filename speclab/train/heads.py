@@ -20,6 +20,13 @@ distribution p_{t+1} (of x_{t+2}, through its own final norm and LM head):
   - medusa: head i: CE(p_{t+i}, q_i) for x_{t+i+1} from h_t (self-distillation, Cai et al. 2024)
 Each run writes the head directory (config.json, model.safetensors, MANIFEST.json with the figures
 and the command that reproduces it) and a log; a progress bar shows the loss.
+
+Long runs stop and resume. Every --checkpoint-minutes (default 5) the head, the optimiser, the step,
+the data generator's state and the minutes trained so far go to $SPECLAB_CACHE/heads/runs/NAME/
+checkpoint.pt; Ctrl-C (or SIGTERM) writes one more and exits. The same command with --resume goes on
+from it: the time budget counts the minutes already trained, so the cosine ends where it would have.
+The hidden states are collected in shards of about 100k tokens, each saved as it is done, so a
+stopped collection resumes too.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ import argparse
 import json
 import math
 import os
+import signal
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -147,6 +156,8 @@ def code_windows(tokenizer_dir, n_train: int, n_held: int, seq_len: int, seed: i
 def load_data(target_name: str, model, layers: tuple[int, ...], args) -> dict:
     """{'train': [(tokens, hidden, loss_from)], 'heldout': [...], 'about': {...}}, cached on disk."""
     key = f"{target_name}-L{'-'.join(map(str, layers))}-n{args.windows}-T{args.seq_len}"
+    if args.heldout_windows:
+        key += f"-h{args.heldout_windows}"
     if target_name == "smollm2":  # the teacher data grows between runs: its size is part of the key
         from speclab.train.teacher import teacher_manifest
         key += f"-a{teacher_manifest()['counts']['answers']}"
@@ -156,23 +167,53 @@ def load_data(target_name: str, model, layers: tuple[int, ...], args) -> dict:
     if target_name == "smollm2":  # its own answers, and code it reads (disjoint from the held-out chat sets)
         from speclab.models.smollm2 import model_dir
         seqs, plens, about = teacher_sequences()
-        code = code_windows(model_dir(), args.windows, max(4, args.windows // 12), args.seq_len)
+        code = code_windows(model_dir(), args.windows, args.heldout_windows or max(4, args.windows // 12), args.seq_len)
         for split in ("train", "heldout"):
             seqs[split] += code[split]
             plens[split] += [0] * len(code[split])
         about["code_windows"] = {"source": "stdlib corpus, train split (held-out modules for eval)",
                                  "tokens_each": args.seq_len + 1, "train": args.windows, "heldout": len(code["heldout"])}
     else:
-        seqs, about = embedded_sequences(args.windows, max(16, args.windows // 12), args.seq_len)
+        seqs, about = embedded_sequences(args.windows, args.heldout_windows or max(16, args.windows // 12), args.seq_len)
         plens = {k: [0] * len(v) for k, v in seqs.items()}
     data = {"about": {**about, "layers": list(layers)}}
     for split in ("train", "heldout"):
-        hs = hidden_states(model, seqs[split], layers)
+        hs = sharded_hidden_states(model, seqs[split], layers, path.with_suffix(f".{split}.parts"))
         data[split] = [(torch.tensor(s), h, pl) for s, h, pl in zip(seqs[split], hs, plens[split])]
     data["about"]["tokens"] = {k: sum(len(s) for s, _, _ in data[k]) for k in ("train", "heldout")}
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(data, path)
+    torch.save(data, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").rename(path)  # complete or absent
+    for split in ("train", "heldout"):
+        parts = path.with_suffix(f".{split}.parts")
+        for f in parts.glob("*.pt"):
+            f.unlink()
+        parts.rmdir()
     return data
+
+
+def sharded_hidden_states(model, seqs: list[list[int]], layers: tuple[int, ...], parts: Path,
+                          shard_tokens: int = 100_000) -> list[torch.Tensor]:
+    """hidden_states over shards of about shard_tokens tokens, each saved under `parts` when done and
+    read back instead of recomputed: a collection stopped half way resumes where it stopped."""
+    parts.mkdir(parents=True, exist_ok=True)
+    shards, start, n = [], 0, 0
+    for i, s in enumerate(seqs):
+        n += len(s)
+        if n >= shard_tokens or i == len(seqs) - 1:
+            shards.append((start, i + 1))
+            start, n = i + 1, 0
+    out = []
+    for j, (a, b) in enumerate(shards):
+        f = parts / f"shard-{j:04d}-of-{len(shards):04d}.pt"
+        if f.exists():
+            out += torch.load(f)
+            continue
+        hs = hidden_states(model, seqs[a:b], layers)
+        torch.save(hs, f.with_suffix(".tmp"))
+        f.with_suffix(".tmp").rename(f)
+        out += hs
+    return out
 
 
 def labels_mask(n: int, length: int, loss_from: int) -> torch.Tensor:
@@ -358,6 +399,8 @@ class _Fit:
     parameters: int
     ttt: int
     feature_rms: float
+    load_average: list[float]  # the 1-minute load average at each log line
+    resumed: int  # how many times the run was resumed from a checkpoint
 
 
 def _logger(log_path: Path) -> Callable[[str], None]:
@@ -431,8 +474,43 @@ def _lr(args, step: int, progress: float) -> float:
     return args.lr * min(1.0, (step + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1))))
 
 
-def _train(args, cfg, head, target, stored: tuple[int, ...], data: dict, log) -> _Fit:
-    """AdamW on the head until --steps or the --minutes budget ends the cosine; a progress bar shows the loss."""
+def run_dir(out: Path) -> Path:
+    """Where a run's checkpoint lives: $SPECLAB_CACHE/heads/runs/NAME (NAME: the head directory's)."""
+    return cache_dir() / "runs" / out.name
+
+
+class _Stop:
+    """Ctrl-C or SIGTERM sets .asked; the loop then checkpoints and ends (a second Ctrl-C kills)."""
+
+    def __init__(self):
+        self.asked = False
+
+    def __enter__(self):
+        self.old = {sig: signal.signal(sig, self._ask) for sig in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def _ask(self, sig, frame):
+        if self.asked:
+            raise KeyboardInterrupt
+        self.asked = True
+
+    def __exit__(self, *exc):
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
+
+
+def _checkpoint(path: Path, head, opt, gen: torch.Generator, state: dict) -> None:
+    """Write the run's state atomically: a stop in the middle leaves the previous checkpoint."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(), **state},
+               path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").rename(path)
+
+
+def _train(args, cfg, head, target, stored: tuple[int, ...], data: dict, log, ckpt: Path) -> _Fit | None:
+    """AdamW on the head until --steps or the --minutes budget ends the cosine; a progress bar shows the
+    loss. Checkpoints every --checkpoint-minutes into `ckpt`; with --resume it starts from there.
+    Returns None when a stop signal ended the run early (the checkpoint holds it)."""
     params = [p for p in head.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in params)
     log(f"{args.method} head for {args.target}: {n_params:,} parameters; reads layers {cfg.hidden_layers}")
@@ -440,30 +518,53 @@ def _train(args, cfg, head, target, stored: tuple[int, ...], data: dict, log) ->
     obj = _objective(head, target, stored, data)
     ttt = args.ttt or DEFAULTS[args.method]["ttt"]
     gen = torch.Generator().manual_seed(args.seed)
-    t_train, step, ema, progress = time.time(), 0, None, 0.0
-    bar = tqdm(total=args.steps, desc=f"{args.method}", mininterval=5)
-    while step < args.steps and progress < 1.0:
-        progress = max(step / args.steps, (time.time() - t_train) / (args.minutes * 60))
-        lr = _lr(args, step, progress)
-        for gr in opt.param_groups:
-            gr["lr"] = lr
-        tokens, hidden, lab = batch(data["train"], gen, args.batch_size, args.seq_len)
-        if args.method == "medusa":
-            loss, parts = medusa_loss(head, obj, tokens, hidden, lab, stored)
-        else:
-            loss, parts = eagle_loss(head, obj, tokens, hidden, lab, stored, args.method, ttt)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 0.5)
-        opt.step()
-        ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
-        bar.set_postfix(loss=f"{ema:.3f}")
-        bar.update(1)
-        if step % 25 == 0:
-            log(f"step {step} loss {loss.item():.4f} ema {ema:.4f} lr {lr:.2e} {parts}")
-        step += 1
-    bar.close()
-    return _Fit(step, ema, (time.time() - t_train) / 60, n_params, ttt, obj.scale)
+    step, ema, done_s, loads, resumed = 0, None, 0.0, [], 0
+    if args.resume and ckpt.exists():
+        st = torch.load(ckpt, weights_only=False)
+        head.load_state_dict(st["head"])
+        opt.load_state_dict(st["opt"])
+        gen.set_state(st["gen"])
+        step, ema, done_s, loads, resumed = st["step"], st["ema"], st["train_seconds"], st["load_average"], st["resumed"] + 1
+        log(f"resumed {ckpt} at step {step} after {done_s / 60:.1f} min of training")
+    elif args.resume:
+        log(f"--resume: no checkpoint at {ckpt}; starting from the beginning")
+    t_start, t_ckpt, progress = time.time(), time.time(), 0.0
+    elapsed = lambda: done_s + time.time() - t_start  # noqa: E731
+    state = lambda: {"step": step, "ema": ema, "train_seconds": elapsed(), "load_average": loads,  # noqa: E731
+                     "resumed": resumed, "method": args.method, "target": args.target}
+    bar = tqdm(total=args.steps, initial=step, desc=f"{args.method}", mininterval=5)
+    with _Stop() as stop:
+        while step < args.steps and progress < 1.0 and not stop.asked:
+            progress = max(step / args.steps, elapsed() / (args.minutes * 60))
+            lr = _lr(args, step, progress)
+            for gr in opt.param_groups:
+                gr["lr"] = lr
+            tokens, hidden, lab = batch(data["train"], gen, args.batch_size, args.seq_len)
+            if args.method == "medusa":
+                loss, parts = medusa_loss(head, obj, tokens, hidden, lab, stored)
+            else:
+                loss, parts = eagle_loss(head, obj, tokens, hidden, lab, stored, args.method, ttt)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 0.5)
+            opt.step()
+            ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
+            bar.set_postfix(loss=f"{ema:.3f}")
+            bar.update(1)
+            if step % 25 == 0:
+                loads.append(round(os.getloadavg()[0], 2))
+                log(f"step {step} loss {loss.item():.4f} ema {ema:.4f} lr {lr:.2e} load {loads[-1]} {parts}")
+            step += 1
+            if time.time() - t_ckpt > args.checkpoint_minutes * 60:
+                _checkpoint(ckpt, head, opt, gen, state())
+                t_ckpt = time.time()
+        bar.close()
+        _checkpoint(ckpt, head, opt, gen, state())
+        if stop.asked:
+            log(f"stopped at step {step} after {elapsed() / 60:.1f} min; checkpoint {ckpt}: "
+                f"run the same command with --resume to go on")
+            return None
+    return _Fit(step, ema, elapsed() / 60, n_params, ttt, obj.scale, loads, resumed)
 
 
 def _reproduce(args, fit: _Fit, earlier: dict | None) -> str:
@@ -473,7 +574,8 @@ def _reproduce(args, fit: _Fit, earlier: dict | None) -> str:
            f"--minutes 1000 --batch-size {args.batch_size} --seq-len {args.seq_len} --lr {args.lr} --seed {args.seed}"
            + (f" --draft-vocab {args.draft_vocab}" if args.draft_vocab else "") + (f" --ttt {ttt}" if ttt != 1 else "")
            + (f" --medusa-heads {args.medusa_heads}" if args.method == "medusa" else "")
-           + f" --windows {args.windows}" + (f" --hidden-layers {args.hidden_layers}" if args.hidden_layers else "")
+           + f" --windows {args.windows}" + (f" --heldout-windows {args.heldout_windows}" if args.heldout_windows else "")
+           + (f" --hidden-layers {args.hidden_layers}" if args.hidden_layers else "")
            + (f" --layer-init {args.layer_init}" if args.layer_init is not None else ""))
     if earlier:  # a continued run: its reproduction is the earlier command, then this one with --init
         cmd = f"{earlier['reproduce']} && {cmd.replace(f'--steps {step} ', f'--steps {step} --init {args.init} ')}"
@@ -495,12 +597,21 @@ def _manifest(args, cfg, data: dict, fit: _Fit, fig: dict, earlier: dict | None,
         "final_loss_ema": round(fit.final_loss_ema, 4), "train_minutes": round(minutes + (earlier["train_minutes"] if earlier else 0), 2),
         "total_minutes": round((time.time() - t0) / 60, 2), "torch_threads": torch.get_num_threads(),
         "machine": f"{os.cpu_count()}-core AMD EPYC, load average {os.getloadavg()[0]:.1f} at the end", "heldout": fig, "seed": args.seed,
+        "load_average_during_training": _load_summary(fit.load_average), "resumed": fit.resumed,
         "reproduce": _reproduce(args, fit, earlier),
     }
 
 
-def run(args) -> dict:
-    """Train one head as main's flags in `args` ask; save its directory with MANIFEST.json; return the manifest."""
+def _load_summary(loads: list[float]) -> dict | None:
+    """min / median / max of the 1-minute load average sampled at the log lines."""
+    if not loads:
+        return None
+    return {"min": min(loads), "median": statistics.median(loads), "max": max(loads), "samples": len(loads)}
+
+
+def run(args) -> dict | None:
+    """Train one head as main's flags in `args` ask; save its directory with MANIFEST.json; return the
+    manifest (None when a stop signal ended the run: resume it with --resume)."""
     if args.threads:
         torch.set_num_threads(args.threads)
     out, log = _out_and_log(args)
@@ -508,7 +619,10 @@ def run(args) -> dict:
     target, stored, data = _target_and_data(args, log, t0)
     torch.manual_seed(args.seed)  # the new head's initialisation
     cfg, head, earlier = _new_head(args, target, stored, data, log)
-    fit = _train(args, cfg, head, target, stored, data, log)
+    ckpt = run_dir(out) / "checkpoint.pt"
+    fit = _train(args, cfg, head, target, stored, data, log, ckpt)
+    if fit is None:  # stopped: the checkpoint holds the run, the head directory is left as it was
+        return None
     head.eval()
     save_head(head, out)  # the weights first: an evaluation error must not lose a training run
     fig = evaluate(head, target, data["heldout"], stored, args.method)
@@ -538,6 +652,11 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--init", default=None, help="continue training this head directory (same method and target)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--checkpoint-minutes", type=float, default=5.0, help="how often the run's state is saved")
+    ap.add_argument("--resume", action="store_true",
+                    help="go on from the checkpoint of an earlier run of this command (see the module docstring)")
+    ap.add_argument("--heldout-windows", type=int, default=0,
+                    help="held-out code windows (0: a twelfth of --windows); fixed, the held-out set stays the same as --windows grows")
     ap.add_argument("--hidden-layers", default=None,
                     help="target layers the head reads, e.g. 8 or 2,4,8 (default: the method's; the fusion ablation)")
     ap.add_argument("--layer-init", type=int, default=None,
