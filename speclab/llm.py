@@ -124,6 +124,8 @@ class LLM:
         verifier: "torch", "triton" or "auto" (Triton kernels on a GPU); None reads SPECLAB_VERIFIER.
         disable_log_stats: vLLM's switch: True makes `get_metrics()` refuse (the counters still count,
             for `metrics_text()` and the lessons); vLLM's default is True, speclab's False.
+        enable_prefix_caching: share the KV blocks of prompt prefixes computed before (vLLM's
+            automatic prefix caching, speclab.kv_cache); vLLM's default is True, speclab's False.
 
     One `generate` call at a time: the engine is not re-entrant (a second thread gets a clear error).
     """
@@ -132,7 +134,7 @@ class LLM:
                  block_size: int = 16, num_kv_blocks: int | None = None, kv_cache_gb: float = 1.0,
                  max_num_batched_tokens: int = 2048, max_num_seqs: int = 64, seed: int = 0,
                  dtype: torch.dtype | str = torch.float32, device: str = "cpu", verifier: str | None = None,
-                 disable_log_stats: bool = False):
+                 disable_log_stats: bool = False, enable_prefix_caching: bool = False):
         if model is not None and not isinstance(model, (str, Path)):
             raise TypeError(f"model must be None (the embedded target), a name such as 'smollm2', a checkpoint "
                             f"directory or a hub id, got {type(model).__name__} {model!r}")
@@ -146,7 +148,8 @@ class LLM:
         config = EngineConfig(num_kv_blocks=1 if num_kv_blocks is None else num_kv_blocks, block_size=block_size,
                               max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, seed=seed,
                               verifier=verifier, num_speculative_tokens=k,  # checked before any model is loaded
-                              rejection_sample_method=spec.rejection_sample_method if spec else "standard")
+                              rejection_sample_method=spec.rejection_sample_method if spec else "standard",
+                              enable_prefix_caching=enable_prefix_caching)
         path = model_directory(model)
         dtype = resolve_dtype(dtype, path, device)
         self.model = _load_target(path, dtype, device)

@@ -72,6 +72,7 @@ class Server:
         spec = CONFIGS[config]
         common = ["--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32", "--max-model-len", "2048",
                   "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", "2048", "--seed", "0",
+                  "--enable-prefix-caching" if args.prefix_caching else "--no-enable-prefix-caching",
                   *(["--speculative-config", json.dumps(spec)] if spec else [])]
         if engine == "speclab":   # a KV pool of 256 blocks x 16 tokens (vLLM's is VLLM_CPU_KVCACHE_SPACE=1 GiB)
             self.cmd = [sys.executable, "-m", "speclab.serve", str(model_dir), *common,
@@ -319,6 +320,9 @@ def parse_args(argv) -> argparse.Namespace:
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1, help="compute threads of each server (default 1)")
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    ap.add_argument("--prefix-caching", action="store_true",
+                    help="both servers reuse cached prompt prefixes (vLLM's default; off here: the rounds repeat "
+                         "the same prompts, so later rounds would time cache hits)")
     ap.add_argument("--clients", nargs="+", default=list(CLIENTS), choices=list(CLIENTS))
     ap.add_argument("--guidellm", default=str(ROOT / ".venv-guidellm"),
                     help="a venv with guidellm installed (pip install guidellm); skipped with a note without it")
@@ -380,6 +384,7 @@ def main(argv=None) -> dict:
           f"concurrency {args.max_concurrency}, {args.output_len} tokens each, greedy; {args.threads} compute "
           f"thread(s) per server (speclab OMP_NUM_THREADS={args.threads}, vLLM VLLM_CPU_OMP_THREADS_BIND="
           f"{subprocess_env(args.threads)['VLLM_CPU_OMP_THREADS_BIND']}); vllm-cpu {VLLM_VERSION}, enforce_eager; "
+          f"prefix caching {'on' if args.prefix_caching else 'off'} in both; "
           f"{args.repeats} interleaved rounds; {machine()}; load average {load0}; logs in {tmp}", flush=True)
     servers: dict = {}
     runs = []
@@ -401,6 +406,7 @@ def main(argv=None) -> dict:
                          "max_concurrency": args.max_concurrency, "max_num_seqs": args.max_num_seqs,
                          "output_len": args.output_len, "threads": args.threads, "repeats": args.repeats,
                          "guidellm_rounds": args.guidellm_rounds, "vllm": f"vllm-cpu {VLLM_VERSION}, enforce_eager",
+                         "prefix_caching": args.prefix_caching,
                          "startup_s": {f"{e}-{c}": s.startup_s for (c, e), s in servers.items()},
                          "server_commands": {f"{e}-{c}": " ".join(s.cmd) for (c, e), s in servers.items()},
                          "load_average_before": load0, "load_average_after": load1, "machine": machine(),

@@ -41,6 +41,10 @@ class EngineConfig:
             speculative config's key of the same name.
         num_lookahead_tokens: extra slots a decoding request reserves each step for a drafter that
             writes into the target's block tables after the target forward (EAGLE/MTP heads, lesson 08).
+        enable_prefix_caching: share the KV blocks of a prompt prefix another request computed
+            (vLLM's automatic prefix caching; speclab.kv_cache). Off by default, unlike vLLM, so each
+            request's blocks are its own in the lessons; not with a drafter that writes into the
+            target's block tables (its KV at a block's last slot depends on the next token).
     """
 
     num_kv_blocks: int
@@ -52,6 +56,7 @@ class EngineConfig:
     num_speculative_tokens: int = 0
     num_lookahead_tokens: int = 0
     rejection_sample_method: str = "standard"
+    enable_prefix_caching: bool = False
 
     def __post_init__(self):
         self.validate()
@@ -64,6 +69,14 @@ class EngineConfig:
         check_int("seed", self.seed, 0)
         check_int("num_speculative_tokens", self.num_speculative_tokens, 0)
         check_int("num_lookahead_tokens", self.num_lookahead_tokens, 0)
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise TypeError(f"enable_prefix_caching must be True or False, got {self.enable_prefix_caching!r}")
+        if self.enable_prefix_caching and self.num_lookahead_tokens:
+            raise ValueError("enable_prefix_caching=True with a drafter that writes into the target's block tables "
+                             "(EAGLE/MTP/Medusa heads: num_lookahead_tokens > 0) is not supported: a head's key and "
+                             "value at a block's last slot depend on the token after the block, which another "
+                             "request sharing the block may not have. Use enable_prefix_caching=False with a head, "
+                             "or a proposer of its own cache (ngram, suffix, draft_model)")
         if self.verifier is not None and self.verifier not in VERIFIERS:
             raise ValueError(f"verifier must be one of {VERIFIERS} or None, got {self.verifier!r}")
         if self.max_num_batched_tokens < self.max_num_seqs:

@@ -55,7 +55,7 @@ class LLMEngine:
         self.proposer = proposer
         self.spec_policy = spec_policy if proposer is not None else None
         self.max_model_len = model.config.max_position_embeddings
-        self.kv = KVCacheManager(config.num_kv_blocks, config.block_size)
+        self.kv = KVCacheManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs,
                                    config.num_lookahead_tokens, model.config.eos_token_id,
                                    config.num_speculative_tokens)

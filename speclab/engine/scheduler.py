@@ -7,7 +7,10 @@ prefill). Running requests go first, then waiting ones are admitted. Each schedu
 cache blocks for its new tokens plus `num_lookahead_tokens` slots for a drafter that writes into
 the target's block tables (EAGLE/MTP heads); when the pool runs dry the most recently admitted
 request is *preempted*: its blocks are freed and it goes back to the head of the waiting queue, to
-be recomputed from its tokens later (vLLM v1's recompute preemption).
+be recomputed from its tokens later (vLLM v1's recompute preemption). With prefix caching on
+(speclab.kv_cache), an admitted request first takes the cached blocks of its longest computed prefix
+and runs only the tokens after them; a preempted request finds its own blocks there again while
+nobody has taken them.
 
 As in vLLM v1 (and nano-vllm), the scheduler is the one writer of request state:
   schedule()               -> SchedulerOutput: who runs, how many tokens, who was preempted
@@ -127,11 +130,19 @@ class Scheduler:
             return out  # the pool is full: admitting anyone now would only be preempted again
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if not self.kv.can_fit(req.request_id, req.num_computed_tokens + n + self._lookahead(req, n)):
+            # with prefix caching, the leading full blocks another request computed are shared, not computed
+            prefix = self.kv.match_prefix(req.all_token_ids) if req.num_computed_tokens == 0 else []
+            start = req.num_computed_tokens + len(prefix) * self.kv.block_size
+            n = min(req.num_tokens - start, budget)
+            lookahead = self._lookahead(req, n, start)
+            if not self.kv.can_fit(req.request_id, start + n + lookahead, prefix):
                 break  # admit nothing more until blocks free up
             self.waiting.popleft()
-            self.kv.allocate(req.request_id, req.num_computed_tokens, n, self._lookahead(req, n))
+            self.kv.allocate(req.request_id, start, n, lookahead, prefix)
+            if self.kv.enable_prefix_caching and req.num_computed_tokens == 0:
+                self.kv.prefix_cache_queries += req.num_tokens
+                self.kv.prefix_cache_hits += start
+            req.num_computed_tokens = start
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             out.scheduled.append(ScheduledRequest(req, n))
@@ -140,8 +151,8 @@ class Scheduler:
             raise RuntimeError("nothing could be scheduled: the KV pool is too small for any waiting request")
         return out
 
-    def _lookahead(self, req: Request, n: int) -> int:
-        reaches_end = req.num_computed_tokens + n >= req.num_tokens
+    def _lookahead(self, req: Request, n: int, start: int | None = None) -> int:
+        reaches_end = (req.num_computed_tokens if start is None else start) + n >= req.num_tokens
         return self.num_lookahead_tokens if reaches_end else 0
 
     def _reserve(self, req: Request, n: int, preempted: list[str]) -> bool:
@@ -192,6 +203,8 @@ class Scheduler:
                 req.finish("error", errors[req.request_id])
             elif req.request_id in sampled:
                 self._commit(req, s.num_draft_tokens, sampled[req.request_id])
+            if self.kv.enable_prefix_caching and req.finish_reason != "error":  # full blocks: keyed for reuse
+                self.kv.cache_full_blocks(req.request_id, req.all_token_ids, req.num_computed_tokens)
             if req.is_finished:
                 self._free(req)
                 result.finished.append(req)

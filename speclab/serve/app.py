@@ -84,8 +84,12 @@ class Server:
     def __init__(self, llm, served_model_name: str, max_pending: int, api_key: str | None = None, on_dead=None):
         self.llm, self.tokenizer, self.name, self.api_key = llm, llm.tokenizer, served_model_name, api_key
         spec = llm.engine.stats if llm.speculative_config is not None else None
-        self.metrics = ServingMetrics(served_model_name, spec,
-                                      num_preemptions=lambda: llm.engine.scheduler.num_preemptions)
+        kv = llm.engine.kv
+        counters = {"num_preemptions": lambda: llm.engine.scheduler.num_preemptions}
+        if kv.enable_prefix_caching:
+            counters.update(prefix_cache_queries=lambda: kv.prefix_cache_queries,
+                            prefix_cache_hits=lambda: kv.prefix_cache_hits)
+        self.metrics = ServingMetrics(served_model_name, spec, engine_counters=counters)
         self.engine = AsyncEngine(llm.engine, self.metrics, max_pending, llm.tokenizer, on_dead)
         self.created = int(time.time())
         self.token_chars = max_token_chars(llm.tokenizer)

@@ -75,6 +75,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="vLLM's names; auto = the checkpoint's dtype, float32 for a float16 checkpoint on the CPU")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-gpu-blocks-override", type=int, default=None, help="KV blocks in the pool (vLLM's name)")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False,
+                   help="share the KV blocks of prompt prefixes computed before (vLLM's flag; its default is on, "
+                        "speclab's off; not with EAGLE/MTP heads)")
     p.add_argument("--chat-template", default=None,
                    help="a Jinja chat template (a file or the template itself) for models without one")
     p.add_argument("--max-pending-requests", type=int, default=None,
@@ -114,7 +117,8 @@ def build_server(args, on_dead=None):
         raise ValueError(f"--max-request-body-bytes must be >= 1, got {body_limit}")
     llm = LLM(args.model, speculative_config=args.speculative_config, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed, dtype=args.dtype,
-              block_size=args.block_size, num_kv_blocks=args.num_gpu_blocks_override)
+              block_size=args.block_size, num_kv_blocks=args.num_gpu_blocks_override,
+              enable_prefix_caching=args.enable_prefix_caching)
     fit_context(llm, args.max_model_len)
     if args.chat_template is not None:
         path = Path(args.chat_template)

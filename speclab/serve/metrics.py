@@ -8,6 +8,8 @@
     speclab:request_success_total{finished_reason}   stop / length / abort / error, each pre-created at 0:
                                                      the finish_reason the client was told, counted once
     speclab:num_preemptions_total                    requests preempted (recomputed later), as vLLM's
+    speclab:prefix_cache_queries_total / _hits_total prompt tokens looked up in the prefix cache, and found
+                                                     (only with --enable-prefix-caching)
     speclab:time_to_first_token_seconds              histogram: arrival -> the step that emits token 1
     speclab:inter_token_latency_seconds              histogram: one observation per engine step per request
     speclab:time_per_output_token_seconds            the same observations (vLLM's deprecated name)
@@ -61,17 +63,24 @@ class SpecDecodeCollector:
         yield fam
 
 
-class PreemptionCollector:
-    """Exposes the scheduler's preemption count as vLLM's `num_preemptions` counter, read when scraped."""
+ENGINE_COUNTERS = {  # vLLM's counters that the engine itself keeps, read when scraped
+    "num_preemptions": "Cumulative number of preemption from the engine.",
+    "prefix_cache_queries": "Prefix cache queries, in terms of number of queried tokens.",
+    "prefix_cache_hits": "Prefix cache hits, in terms of number of cached tokens.",
+}
 
-    def __init__(self, read, labels: dict[str, str], prefix: str = "speclab"):
-        self.read, self.labels, self.prefix = read, labels, prefix
+
+class EngineCounterCollector:
+    """Exposes counters the engine keeps (ENGINE_COUNTERS' names) as vLLM's, read when scraped."""
+
+    def __init__(self, reads: dict, labels: dict[str, str], prefix: str = "speclab"):
+        self.reads, self.labels, self.prefix = reads, labels, prefix
 
     def collect(self):
-        fam = CounterMetricFamily(f"{self.prefix}:num_preemptions", "Cumulative number of preemption from the "
-                                  "engine.", labels=list(self.labels))
-        fam.add_metric(list(self.labels.values()), self.read())
-        yield fam
+        for name, read in self.reads.items():
+            fam = CounterMetricFamily(f"{self.prefix}:{name}", ENGINE_COUNTERS[name], labels=list(self.labels))
+            fam.add_metric(list(self.labels.values()), read())
+            yield fam
 
 
 class ServingMetrics:
@@ -79,11 +88,12 @@ class ServingMetrics:
         model_name: the served model name (the `model_name` label).
         spec_stats: the engine's spec-decode counters, or None without speculation (then no
             spec_decode_* series, as in vLLM).
-        num_preemptions: a function that reads the scheduler's preemption count (None: no series).
+        engine_counters: {name in ENGINE_COUNTERS: a function that reads it} (the preemption count;
+            the prefix cache's queried and hit tokens when it is on).
     """
 
     def __init__(self, model_name: str, spec_stats: SpecDecodingStats | None = None, prefix: str = "speclab",
-                 num_preemptions=None):
+                 engine_counters: dict | None = None):
         self.registry = CollectorRegistry()
         self.labels = {"model_name": model_name, "engine": "0"}
         names, reg, p = list(self.labels), self.registry, prefix
@@ -111,8 +121,8 @@ class ServingMetrics:
         self.e2e = hist("e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", E2E_BUCKETS)
         if spec_stats is not None:
             reg.register(SpecDecodeCollector(spec_stats, self.labels, prefix))
-        if num_preemptions is not None:
-            reg.register(PreemptionCollector(num_preemptions, self.labels, prefix))
+        if engine_counters:
+            reg.register(EngineCounterCollector(engine_counters, self.labels, prefix))
 
     def observe_tokens(self, num_new: int, first: bool, prompt_len: int, since_last: float) -> None:
         """One engine step gave a request `num_new` tokens; `since_last` is the time since its arrival
