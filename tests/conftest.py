@@ -4,8 +4,11 @@
 SPECLAB_IMPL=exercises) grades your answers in exercises/ through the same tests.
 """
 
+import ctypes
+import gc
 import importlib
 import os
+import resource
 
 import pytest
 
@@ -76,3 +79,47 @@ def controls(impl_name):
     exercises (a learner's answers) are graded."""
     if impl_name == "exercises":
         pytest.skip("negative control: it grades the grader with deliberately wrong answers, not yours")
+
+
+# ------------------------------------------------------------------------------------------------
+# memory: what each test module leaves behind, and which ones raise the process's peak
+
+_MEMORY: list[tuple[str, float, float]] = []  # (module, resident GB after it, peak GB so far)
+
+
+def _resident_gb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
+
+
+def _peak_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KB on Linux
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_memory(request):
+    """After each test module: collect its garbage and hand freed heap back to the OS (glibc's
+    malloc_trim), so one module's models do not stay resident under the next one's; record it."""
+    yield
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+    if os.path.exists("/proc/self/statm"):
+        _MEMORY.append((request.module.__name__, _resident_gb(), _peak_gb()))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The peak resident memory of the run, and the test modules that raised it most."""
+    if not _MEMORY:
+        return
+    rises, before = [], 0.0
+    for name, _, peak in _MEMORY:
+        if peak > before:
+            rises.append((peak - before, name, peak))
+            before = peak
+    top = sorted(rises, reverse=True)[:5]
+    terminalreporter.write_line(
+        f"memory: peak resident {_MEMORY[-1][2]:.2f} GB; raised most by "
+        + ", ".join(f"{n.removeprefix('tests.')} (+{d:.2f} to {p:.2f})" for d, n, p in top))
