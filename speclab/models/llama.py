@@ -220,7 +220,7 @@ class Attention(nn.Module):
     def prepare(self) -> None:
         """One (H + 2 Hkv) Dh x D projection for q, k and v: one weight read instead of three."""
         self.qkv = PackedLinear(fuse(self.q_proj, self.k_proj, self.v_proj))
-        self.o = PackedLinear(self.o_proj.weight)
+        self.o = PackedLinear(fuse(self.o_proj))
 
     def forward(self, x, meta: AttentionMetadata, k_cache, v_cache):
         """x: (N, D); k_cache, v_cache: (num_blocks, block_size, Hkv, Dh), written in place."""
@@ -250,7 +250,7 @@ class MLP(nn.Module):
     def prepare(self) -> None:
         """One 2I x D projection for gate and up."""
         self.gate_up = PackedLinear(fuse(self.gate_proj, self.up_proj))
-        self.down = PackedLinear(self.down_proj.weight)
+        self.down = PackedLinear(fuse(self.down_proj))
 
     def forward(self, x):
         if torch.is_grad_enabled() or "gate_up" not in self.__dict__:
@@ -261,12 +261,19 @@ class MLP(nn.Module):
         return self.down(F.silu(gate) * up)  # SwiGLU
 
 
-def fuse(*linears: nn.Linear) -> torch.Tensor:
-    """The weights of `linears` concatenated along the output dimension; each module's weight becomes
-    a view into the result, so the model holds one copy and a state dict still loads into it."""
-    fused = torch.cat([m.weight.detach() for m in linears])  # (sum of outs, in)
+def fuse(*modules: nn.Module) -> torch.Tensor:
+    """The weights of `modules` (Linear or Embedding, each (out, in)) concatenated along the output
+    dimension; float32 on a CPU stored transposed, (in, sum of outs) contiguous, the layout its
+    one-row product reads fastest (speclab.models.packed_linear). Returns the (sum of outs, in)
+    tensor or view; each module's weight becomes a view into it, so the model holds one copy and a
+    state dict still loads into it. (Other dtypes keep (out, in): their one-row product gains nothing
+    from it, and in bfloat16 the transposed layout made a row's logits differ between a one-row and
+    a many-row forward, enough to change greedy output with speculation: tests/test_10_smollm2_spec.)"""
+    fused = torch.cat([m.weight.detach() for m in modules])  # (sum of outs, in)
+    if fused.dtype == torch.float32 and fused.device.type == "cpu":
+        fused = fused.t().contiguous().t()  # the same values, (in, sum of outs) in memory
     start = 0
-    for m in linears:
+    for m in modules:
         rows = m.weight.shape[0]
         m.weight = nn.Parameter(fused[start:start + rows], requires_grad=m.weight.requires_grad)
         start += rows
@@ -308,12 +315,18 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode(False)  # weights stay ordinary tensors when the first forward prepares them
     def prepare(self) -> None:
-        """Fuse the q/k/v and gate/up projections and pack every projection for the CPU's GEMM
-        library (speclab.models.packed_linear). Runs before the first forward, and again after the
-        weights were moved or converted (`.to()`); an in-place change repacks the weight it touched."""
+        """Fuse the q/k/v and gate/up projections, store every projection transposed and pack it for
+        the CPU's GEMM library (speclab.models.packed_linear). Runs before the first forward, and
+        again after the weights were moved or converted (`.to()`); an in-place change repacks the
+        weight it touched."""
         for layer in self.model.layers:
             layer.self_attn.prepare()
             layer.mlp.prepare()
+        if self.lm_head.weight is self.model.embed_tokens.weight:  # tied: one (transposed) table for both
+            fuse(self.model.embed_tokens)
+            self.lm_head.weight = self.model.embed_tokens.weight
+        else:
+            fuse(self.lm_head)
         self.head = PackedLinear(self.lm_head.weight)
         self._prepared = True
 

@@ -14,6 +14,15 @@ same forward packed for 4 rows, while 1 row ran about as fast either way (`pytho
 speclab.bench verify-cost`, and a sweep of SmolLM2's shapes over hints 1, 2, 4, 8, 16 at load 5-6).
 So the default hint is 4 (SPECLAB_PACK_BATCH overrides it): verification is what this engine is for.
 
+One row is the exception. A decode step multiplies one row by each weight, and for that product
+the weight stored transposed, (in, out) contiguous, read by `torch.mm(x, W^T)` (MKL's GEMV streams it
+once, in order) ran at the read bandwidth of a plain `sum`: over SmolLM2's 30 layers of projections,
+out of cache, 29.8 ms against 43.2 ms packed for 4 rows, 41.2 ms packed for 1 row and 40.0 ms with
+`F.linear` on the (out, in) weight (14.3 against 9.8-10.6 GB/s, `sum` 14.4 GB/s; 2026-12-01, one
+thread, float32, the other core busy). With 5 rows the same transposed product took 82 ms and the
+4-row packing 53. So the model stores each weight transposed (`llama.fuse`: the modules' (out, in)
+weights are views of it, no second copy), one row takes the GEMV and more rows the packed product.
+
 Packing changes speed, not the function: where oneDNN (or its bfloat16 support) is missing, on a
 GPU, or with SPECLAB_PACKED_LINEAR=0, `PackedLinear` is `F.linear` on the plain weight. The two
 agree within float rounding (they sum in a different order), as two GEMM libraries do.
@@ -62,16 +71,20 @@ class PackedLinear:
 
     def _pack(self) -> None:
         self.packed, self._version = None, self.weight._version
+        self.rows_t = self.weight.t().is_contiguous() and self.weight.device.type == "cpu"  # (in, out) storage
         if packing_enabled(self.weight):
             try:
                 with torch.no_grad():
-                    self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), pack_batch())
+                    self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach().contiguous(),
+                                                                          pack_batch())
             except RuntimeError:  # an unsupported shape or build: the plain path is always right
                 self.packed = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # (N, in) -> (N, out)
         if self.weight._version != self._version:
             self._pack()
+        if x.shape[0] == 1 and self.rows_t and x.dtype == self.weight.dtype == torch.float32:
+            return torch.mm(x, self.weight.t())  # one row over the transposed storage (module docstring)
         if self.packed is None or x.dtype != self.weight.dtype:
             return F.linear(x, self.weight)
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, None, "none", [], "")
