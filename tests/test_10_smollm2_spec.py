@@ -39,6 +39,8 @@ pytestmark = [pytest.mark.real_model, needs_smollm2_wheel()]
 SIGNIFICANCE = 1e-4
 NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 
+SMALL_POOL_GB = 0.1  # 2,200 tokens of KV: these 4-prompt batches need ~1,000; the 1 GB default is memory for nothing
+
 
 @pytest.fixture(scope="module")
 def smol_dir():
@@ -82,9 +84,9 @@ def test_greedy_speculation_equals_plain_on_a_ragged_batch(smol_dir, draft_dir, 
     """n-gram and draft-model speculation vs plain decoding, the same 4 prompts batched the same way
     and one dtype (see the module docstring for why bf16 compares only within itself)."""
     from speclab import LLM
-    plain = generate(LLM(str(smol_dir), dtype=dtype), ragged_prompts)
+    plain = generate(LLM(str(smol_dir), dtype=dtype, kv_cache_gb=SMALL_POOL_GB), ragged_prompts)
     for config in (NGRAM, draft_config(draft_dir)):
-        llm = LLM(str(smol_dir), dtype=dtype, speculative_config=config)
+        llm = LLM(str(smol_dir), dtype=dtype, speculative_config=config, kv_cache_gb=SMALL_POOL_GB)
         assert generate(llm, ragged_prompts) == plain, f"{config['method']} ({dtype}) changed a greedy output"
         m = spec_decode_counters(llm.get_metrics())
         assert m["num_accepted_tokens"] > 0, f"{config['method']} accepted nothing: the test did not exercise acceptance"
@@ -95,8 +97,9 @@ def test_greedy_speculation_equals_plain_on_a_ragged_batch(smol_dir, draft_dir, 
 def test_greedy_speculation_equals_plain_with_chunked_prefill(smol_dir, draft_dir, ragged_prompts):
     """A token budget of 64 per step: prefills are chunked and share steps with verifications."""
     from speclab import LLM
-    plain = generate(LLM(str(smol_dir)), ragged_prompts, max_tokens=24)
-    llm = LLM(str(smol_dir), max_num_batched_tokens=64, speculative_config=draft_config(draft_dir, k=4))
+    plain = generate(LLM(str(smol_dir), kv_cache_gb=SMALL_POOL_GB), ragged_prompts, max_tokens=24)
+    llm = LLM(str(smol_dir), max_num_batched_tokens=64, speculative_config=draft_config(draft_dir, k=4),
+              kv_cache_gb=SMALL_POOL_GB)
     assert generate(llm, ragged_prompts, max_tokens=24) == plain
 
 
