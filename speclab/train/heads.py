@@ -574,6 +574,7 @@ def _reproduce(args, fit: _Fit, earlier: dict | None) -> str:
            f"--minutes 1000 --batch-size {args.batch_size} --seq-len {args.seq_len} --lr {args.lr} --seed {args.seed}"
            + (f" --draft-vocab {args.draft_vocab}" if args.draft_vocab else "") + (f" --ttt {ttt}" if ttt != 1 else "")
            + (f" --medusa-heads {args.medusa_heads}" if args.method == "medusa" else "")
+           + (f" --warmup {args.warmup}" if args.warmup != 30 else "")
            + f" --windows {args.windows}" + (f" --heldout-windows {args.heldout_windows}" if args.heldout_windows else "")
            + (f" --hidden-layers {args.hidden_layers}" if args.hidden_layers else "")
            + (f" --layer-init {args.layer_init}" if args.layer_init is not None else ""))
