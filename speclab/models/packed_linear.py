@@ -16,11 +16,11 @@ So the default hint is 4 (SPECLAB_PACK_BATCH overrides it): verification is what
 
 One row is the exception. A decode step multiplies one row by each weight, and for that product
 the weight stored transposed, (in, out) contiguous, read by `torch.mm(x, W^T)` (MKL's GEMV streams it
-once, in order) ran at the read bandwidth of a plain `sum`: over SmolLM2's 30 layers of projections,
-out of cache, 29.8 ms against 43.2 ms packed for 4 rows, 41.2 ms packed for 1 row and 40.0 ms with
-`F.linear` on the (out, in) weight (14.3 against 9.8-10.6 GB/s, `sum` 14.4 GB/s; 2026-12-01, one
-thread, float32, the other core busy). With 5 rows the same transposed product took 82 ms and the
-4-row packing 53. So the model stores each weight transposed (`llama.fuse`: the modules' (out, in)
+once, in order) came closest to the read bandwidth of a plain `sum`: over SmolLM2's 30 layers of
+projections, out of cache, 24.2 ms against 33.3 ms packed (for 4 rows or for 1) and 30.8 ms with
+`F.linear` on the (out, in) weight: 17.5 against 12.8-13.8 GB/s, with `sum` at 20.4 GB/s (2026-12-01,
+one thread, float32, load average 0.9). With 5 rows the same transposed product took 71.6 ms and the
+4-row packing 44.3. So the model stores each weight transposed (`llama.fuse`: the modules' (out, in)
 weights are views of it, no second copy), one row takes the GEMV and more rows the packed product.
 
 Packing changes speed, not the function: where oneDNN (or its bfloat16 support) is missing, on a
