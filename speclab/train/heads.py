@@ -38,6 +38,7 @@ import os
 import signal
 import statistics
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -485,8 +486,9 @@ class _Stop:
     def __init__(self):
         self.asked = False
 
-    def __enter__(self):
-        self.old = {sig: signal.signal(sig, self._ask) for sig in (signal.SIGINT, signal.SIGTERM)}
+    def __enter__(self):  # signal handlers exist only in the main thread: elsewhere, no early stop
+        main = threading.current_thread() is threading.main_thread()
+        self.old = {sig: signal.signal(sig, self._ask) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
         return self
 
     def _ask(self, sig, frame):
