@@ -131,7 +131,8 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
             # with prefix caching, the leading full blocks another request computed are shared, not computed
-            prefix = self.kv.match_prefix(req.all_token_ids) if req.num_computed_tokens == 0 else []
+            cached = self.kv.enable_prefix_caching and req.num_computed_tokens == 0
+            prefix = self.kv.match_prefix(req.all_token_ids) if cached else []
             start = req.num_computed_tokens + len(prefix) * self.kv.block_size
             n = min(req.num_tokens - start, budget)
             lookahead = self._lookahead(req, n, start)
@@ -139,7 +140,7 @@ class Scheduler:
                 break  # admit nothing more until blocks free up
             self.waiting.popleft()
             self.kv.allocate(req.request_id, start, n, lookahead, prefix)
-            if self.kv.enable_prefix_caching and req.num_computed_tokens == 0:
+            if cached:
                 self.kv.prefix_cache_queries += req.num_tokens
                 self.kv.prefix_cache_hits += start
             req.num_computed_tokens = start
