@@ -2,11 +2,13 @@
 
 A decode step at batch 1 multiplies one activation row by every weight matrix of the model, so
 its time is the time to read the weights (lesson 00's roofline). How fast that read goes depends
-on the layout the GEMM library is handed. Measured on the course's 2-core AMD EPYC (1 thread,
-torch 2.13, SmolLM2-135M's shapes): `F.linear` on the (out, in) weights ran at about 16 GB/s in
-float32 and 15 GB/s in bfloat16; the same weights reordered once by oneDNN
-(`torch.ops.mkldnn._reorder_linear_weight`, what torch.compile's CPU backend does to a frozen
-model) ran at 25-30 GB/s and 30-35 GB/s, against about 37 GB/s for a plain `sum` over memory.
+on the layout the GEMM library is handed. Measured on the course's 2-core AMD EPYC on 2026-11-29
+(1 thread, torch 2.13, SmolLM2-135M's shapes, the host reading about 37 GB/s in a plain `sum`):
+`F.linear` on the (out, in) weights ran at about 16 GB/s in float32 and 15 GB/s in bfloat16; the
+same weights reordered once by oneDNN (`torch.ops.mkldnn._reorder_linear_weight`, what
+torch.compile's CPU backend does to a frozen model) at 25-30 GB/s and 30-35 GB/s. On 2026-12-01
+(`sum` at 20.4 GB/s, quiet) that one-row advantage did not reproduce: packed 12.8 GB/s, `F.linear`
+13.8 GB/s, and the transposed layout below 17.5 GB/s.
 
 The packing takes a batch-size hint, the number of rows oneDNN tunes the layout for. Tuned for 1
 row, a forward over 2-9 rows (a speculative step verifying k drafts) ran 1.5-2.3x slower than the
@@ -24,8 +26,9 @@ one thread, float32, load average 0.9). With 5 rows the same transposed product 
 weights are views of it, no second copy), one row takes the GEMV and more rows the packed product.
 
 Packing changes speed, not the function: where oneDNN (or its bfloat16 support) is missing, on a
-GPU, or with SPECLAB_PACKED_LINEAR=0, `PackedLinear` is `F.linear` on the plain weight. The two
-agree within float rounding (they sum in a different order), as two GEMM libraries do.
+GPU, or with SPECLAB_PACKED_LINEAR=0, `PackedLinear` is `F.linear` on the plain weight (one
+float32 row on a CPU still takes the transposed GEMV, which is the same product). The paths agree
+within float rounding (they sum in a different order), as two GEMM libraries do.
 """
 
 import os
