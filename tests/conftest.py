@@ -9,6 +9,7 @@ import gc
 import importlib
 import os
 import resource
+import time
 
 import pytest
 
@@ -82,9 +83,11 @@ def controls(impl_name):
 
 
 # ------------------------------------------------------------------------------------------------
-# memory: what each test module leaves behind, and which ones raise the process's peak
+# memory and time: what each test module leaves behind, which ones raise the process's peak, and
+# which ones take longest (what to trim when the suite outgrows CI's time)
 
 _MEMORY: list[tuple[str, float, float]] = []  # (module, resident GB after it, peak GB so far)
+_SECONDS: list[tuple[float, str]] = []         # (seconds from the module's first test to its end, module)
 
 
 def _resident_gb() -> float:
@@ -99,8 +102,11 @@ def _peak_gb() -> float:
 @pytest.fixture(scope="module", autouse=True)
 def _release_memory(request):
     """After each test module: collect its garbage and hand freed heap back to the OS (glibc's
-    malloc_trim), so one module's models do not stay resident under the next one's; record it."""
+    malloc_trim), so one module's models do not stay resident under the next one's; record it,
+    and the module's time."""
+    start = time.perf_counter()
     yield
+    _SECONDS.append((time.perf_counter() - start, request.module.__name__))
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -111,7 +117,11 @@ def _release_memory(request):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The peak resident memory of the run, and the test modules that raised it most."""
+    """The peak resident memory of the run and the test modules that raised it most; the slowest modules."""
+    if _SECONDS:
+        slow = sorted(_SECONDS, reverse=True)[:8]
+        terminalreporter.write_line("time: slowest modules " + ", ".join(
+            f"{n.removeprefix('tests.')} {s:.0f} s" for s, n in slow) + f" (of {sum(s for s, _ in _SECONDS):.0f} s)")
     if not _MEMORY:
         return
     rises, before = [], 0.0
