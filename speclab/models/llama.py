@@ -267,8 +267,8 @@ def fuse(*modules: nn.Module) -> torch.Tensor:
     dimension. Float32 on a CPU keeps (out, in) rows where speclab's few-row kernel is built
     (speclab.models.cpu_gemm reads rows); without it, it is stored transposed, (in, sum of outs)
     contiguous, the layout MKL's one-row product reads fastest (speclab.models.packed_linear).
-    Returns the (sum of outs, in) tensor or view; each module's weight becomes a view into it, so the model holds one copy and a
-    state dict still loads into it. (Other dtypes keep (out, in): their one-row product gains nothing
+    Returns the (sum of outs, in) tensor or view; each module's weight becomes a view into it, so
+    the model holds one copy and a state dict still loads into it. (Other dtypes keep (out, in): their one-row product gains nothing
     from it, and in bfloat16 the transposed layout made a row's logits differ between a one-row and
     a many-row forward, enough to change greedy output with speculation: tests/test_10_smollm2_spec.)"""
     fused = torch.cat([m.weight.detach() for m in modules])  # (sum of outs, in)

