@@ -106,8 +106,11 @@ DRAFT_HINT = ("train it with `python -m speclab.train.smollm2_draft` (distilled 
               f"then LLM(speculative_config={{'method': 'draft_model', 'model': '{DRAFT_NAME}'}}) finds it")
 EAGLE_HEAD = "eagle-smollm2"   # lesson 08's EAGLE head for SmolLM2, shipped in speclab/checkpoints/heads/
 REAL_NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-REAL_DRAFT_K = 2   # the model drafters' k: on this CPU a 5-token verify costs ~1.6 decode steps and their
-                   # later positions are rarely accepted, so k = 2 beat k = 4 for both (bench heads, 2026-11-29)
+REAL_DRAFT_K = 2   # the model drafters' k: their later positions are rarely accepted, so k = 2 beat k = 4
+                   # for both (bench heads, 2026-11-29). With the few-row kernel the EAGLE head's 4-node
+                   # static tree beat its chains in bench heads (1.41-1.45x, 48 tokens), but not this demo's
+                   # 2-token chain over 64 tokens: on three sets 1.16-1.24x (tree, 20:04) against
+                   # 1.24-1.31x (chain, 19:08) in two demo runs of 2026-12-01, so the demo keeps the chain
 
 
 def local_model(name: str) -> tuple[str | None, str]:
