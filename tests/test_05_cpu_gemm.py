@@ -47,6 +47,17 @@ def test_kernel_reads_strided_rows_of_x_and_w():
     torch.testing.assert_close(cpu_gemm.linear(xt, w), reference(xt, w), rtol=1e-5, atol=1e-4)
 
 
+@needs_kernel
+def test_bad_input_is_refused_with_the_fix_not_misread():
+    w = torch.randn(8, 4)
+    with pytest.raises(ValueError, match="float32 CPU"):
+        cpu_gemm.linear(torch.ones(2, 4, dtype=torch.float64), w)
+    with pytest.raises(ValueError, match="stride"):
+        cpu_gemm.linear(torch.ones(2, 8), torch.randn(8, 8).t())
+    with pytest.raises(ValueError, match=r"\(M, K\) and \(N, K\)"):
+        cpu_gemm.linear(torch.ones(2, 5), w)
+
+
 def rows_invariant(linear, w, x) -> bool:
     """Whether each row of x gives the same bits alone and inside every larger batch."""
     alone = [linear(x[i:i + 1], w) for i in range(x.shape[0])]

@@ -14,7 +14,7 @@
 // Exactness: every output y[m, j] is one accumulator of 8 lanes, fed chunk by chunk in order of k,
 // then reduced in a fixed order, then the scalar tail. That sequence does not depend on M, on R
 // or on which block the row fell in, so a row's result is bit for bit the same in a one-row decode
-// step and in a nine-row verify step (tests/test_00_cpu_gemm.py checks it). A GEMM library picks a
+// step and in a nine-row verify step (tests/test_05_cpu_gemm.py checks it). A GEMM library picks a
 // different summation order per shape; this kernel never does.
 //
 // Built by speclab/models/cpu_gemm.py with the host's C++ compiler (-O3 -march=native

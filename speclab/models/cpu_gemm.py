@@ -131,25 +131,29 @@ def why_unavailable() -> str:
     return _why
 
 
-def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `linear(x, weight)` takes the kernel: float32 on the CPU, 1..MAX_ROWS rows, W's
-    rows contiguous, one torch thread, the kernel built."""
-    return (x.dtype == weight.dtype == torch.float32 and x.device.type == weight.device.type == "cpu"
-            and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and weight.stride(1) == 1
-            and torch.get_num_threads() == 1 and available())
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x W^T for (M, K) x and (N, K) weight through the kernel; the caller checked `usable`."""
+    """x W^T for a (M, K) float32 x and a (N, K) float32 weight with contiguous rows, on the CPU,
+    through the kernel (any M), with a clear error for anything else."""
+    if x.dim() != 2 or weight.dim() != 2 or weight.shape[1] != x.shape[1]:
+        raise ValueError(f"x {tuple(x.shape)} and the weight {tuple(weight.shape)} are not (M, K) and (N, K)")
+    if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu" or weight.device.type != "cpu":
+        raise ValueError(f"the kernel takes float32 CPU tensors, not {x.dtype}/{weight.dtype} on "
+                         f"{x.device}/{weight.device}: use F.linear")
+    if weight.stride(1) != 1:
+        raise ValueError("the weight's rows must be contiguous (weight.stride(1) == 1): pass weight.contiguous()")
+    return xwt(x, weight)
+
+
+def xwt(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`linear` without its checks, for a caller that made them once (`PackedLinear`, per weight):
+    a decode step calls it about 120 times, and the checks cost more than a small layer's product."""
     if x.stride(1) != 1:
         x = x.contiguous()
-    m, k = x.shape
-    n = weight.shape[0]
-    if weight.shape[1] != k:
-        raise ValueError(f"x has {k} features but the weight expects {weight.shape[1]}")
     fn = _lib or _load()
     if not fn:
         raise RuntimeError(f"speclab's CPU kernel is not available: {_why}")
+    m, k = x.shape
+    n = weight.shape[0]
     y = torch.empty(m, n, dtype=torch.float32)
     fn(x.data_ptr(), x.stride(0), weight.data_ptr(), weight.stride(0), y.data_ptr(), n, m, n, k)
     return y

@@ -99,7 +99,7 @@ class PackedLinear:
             self._pack()
         if (self.few_rows and x.shape[0] <= cpu_gemm.MAX_ROWS and x.dtype == torch.float32
                 and torch.get_num_threads() == 1):
-            return cpu_gemm.linear(x, self.weight)  # a decode or verify step's few rows (cpu_gemm)
+            return cpu_gemm.xwt(x, self.weight)  # a decode or verify step's few rows (cpu_gemm)
         if x.shape[0] == 1 and self.rows_t and x.dtype == self.weight.dtype == torch.float32:
             return torch.mm(x, self.weight.t())  # one row over the transposed storage (module docstring)
         if self.packed is None or x.dtype != self.weight.dtype:
