@@ -49,8 +49,14 @@ $(VLLM_VENV)/.installed: requirements-vllm.txt speclab/vllm_venv.py
 demo: setup
 	$(BIN)/python -m speclab.demo
 
+# Two worker processes (pytest-xdist), each taking whole test modules (--dist loadfile, so a module's
+# fixtures are built once): the suite runs one torch thread per process, and the second worker uses the
+# second core. (pytest-xdist 3.8's --dist loadgroup does not group under pytest 9.2: it tags nodeids
+# pytest no longer reads.) TEST_WORKERS=0 runs the suite in this one process.
+TEST_WORKERS ?= 2
+
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 # The executed course as a static site in build/book/ (every lesson run top to bottom: several minutes on
 # 2 cores; LESSONS="00 11" builds only those). Open build/book/index.html, or serve the folder with

@@ -116,20 +116,47 @@ def _release_memory(request):
         _MEMORY.append((request.module.__name__, _resident_gb(), _peak_gb()))
 
 
-def pytest_terminal_summary(terminalreporter):
-    """The peak resident memory of the run and the test modules that raised it most; the slowest modules."""
-    if _SECONDS:
-        slow = sorted(_SECONDS, reverse=True)[:8]
-        terminalreporter.write_line("time: slowest modules " + ", ".join(
-            f"{n.removeprefix('tests.')} {s:.0f} s" for s, n in slow) + f" (of {sum(s for s, _ in _SECONDS):.0f} s)")
-    if not _MEMORY:
-        return
+def pytest_sessionfinish(session):
+    """On a pytest-xdist worker (`make test` runs two): hand this process's records to the controller."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out["speclab_memory"], out["speclab_seconds"] = _MEMORY, _SECONDS
+
+
+_WORKERS: dict[str, list] = {}  # on the xdist controller: worker id -> that worker's _MEMORY
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: defined only when pytest-xdist is installed
+def pytest_testnodedown(node, error):
+    out = getattr(node, "workeroutput", {})
+    _WORKERS[node.workerinput.get("workerid", "?")] = out.get("speclab_memory", [])
+    _SECONDS.extend(tuple(x) for x in out.get("speclab_seconds", []))
+
+
+def _memory_line(records: list) -> str:
     rises, before = [], 0.0
-    for name, _, peak in _MEMORY:
+    for name, _, peak in records:
         if peak > before:
             rises.append((peak - before, name, peak))
             before = peak
     top = sorted(rises, reverse=True)[:5]
-    terminalreporter.write_line(
-        f"memory: peak resident {_MEMORY[-1][2]:.2f} GB; raised most by "
-        + ", ".join(f"{n.removeprefix('tests.')} (+{d:.2f} to {p:.2f})" for d, n, p in top))
+    return (f"peak resident {records[-1][2]:.2f} GB; raised most by "
+            + ", ".join(f"{n.removeprefix('tests.')} (+{d:.2f} to {p:.2f})" for d, n, p in top))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The peak resident memory of the run (of each worker's process, under xdist) and the test
+    modules that raised it most; the slowest modules (their time in their worker)."""
+    if _SECONDS:
+        slow = sorted(_SECONDS, reverse=True)[:8]
+        terminalreporter.write_line("time: slowest modules " + ", ".join(
+            f"{n.removeprefix('tests.')} {s:.0f} s" for s, n in slow) + f" (of {sum(s for s, _ in _SECONDS):.0f} s)")
+    if _MEMORY:
+        terminalreporter.write_line("memory: " + _memory_line(_MEMORY))
+    workers = {w: r for w, r in sorted(_WORKERS.items()) if r}
+    if workers:
+        total = sum(r[-1][2] for r in workers.values())
+        terminalreporter.write_line(f"memory: {len(workers)} workers, their peaks add up to {total:.2f} GB (a bound on the "
+                                    "two at once; the notebook kernels and vLLM engines they start are not counted)")
+        for w, r in workers.items():
+            terminalreporter.write_line(f"memory: {w}: " + _memory_line(r))

@@ -78,3 +78,35 @@ def test_a_draft_with_another_vocabulary_is_refused(tmp_path):
 def test_prompt_longer_than_the_context_is_refused(llm):
     with pytest.raises(ValueError, match="exceeds the model's context"):
         llm.generate({"prompt_token_ids": [1] * 500}, SamplingParams(max_tokens=100), use_tqdm=False)
+
+
+def test_the_kv_pool_costs_the_blocks_written_not_its_size():
+    """The pool is zeros that become resident as they are written (`llama.kv_zeros`): allocating
+    1 GB of blocks must not make 1 GB resident (torch.zeros would: it writes every byte), written
+    blocks keep their values, unwritten ones read as zeros, and the memory goes when the pool does."""
+    import gc
+    import os
+
+    from speclab.models.hub import checkpoint_dir
+    from speclab.models.llama import load_llama
+
+    def resident_mb():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    if not os.path.exists("/proc/self/statm"):
+        pytest.skip("needs /proc/self/statm (Linux) to read resident memory")
+    model = load_llama(checkpoint_dir("target"))
+    block_size = 16
+    num_blocks = int(2**30 // (model.kv_bytes_per_token() * block_size))  # 1 GB of pool
+    before = resident_mb()
+    caches = model.allocate_kv_cache(num_blocks, block_size)
+    pool_mb = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in caches) / 2**20
+    assert 1000 <= pool_mb <= 1030
+    assert resident_mb() - before < 0.05 * pool_mb, "allocating the pool made it resident"
+    k0 = caches[0][0]
+    k0[3].fill_(2.5)
+    assert k0[3].eq(2.5).all() and k0[:3].eq(0).all() and k0[-1].eq(0).all()
+    assert resident_mb() - before < 0.05 * pool_mb
+    del caches, k0
+    gc.collect()
+    assert resident_mb() - before < 0.05 * pool_mb

@@ -13,6 +13,7 @@ This is how vLLM runs a ragged batch in one forward.
 
 import json
 import math
+import mmap
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -156,6 +157,21 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):  # (N, D): HF's order, x * rsqrt(mean(x^2) + eps) in float32, then * weight in x's dtype
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+
+
+def kv_zeros(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
+    """A zeroed KV-cache tensor. On a CPU its memory is an anonymous mapping: the kernel hands out
+    zero pages as they are first written, so a pool sized for 64 full-context requests (SmolLM2's
+    default 1 GB) costs what the blocks in use hold, not 1 GB at start-up. The pool's FIFO free
+    queue reaches every block over a long run, so a server grows to the full pool; a lesson, a test
+    or the demo stays at what it touched. (`torch.zeros` writes every byte, so all of it is resident
+    at once.) The values are the same zeros either way; on a GPU it is `torch.zeros`."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    n = math.prod(shape) * dtype.itemsize
+    if n == 0:
+        return torch.zeros(shape, dtype=dtype)
+    return torch.frombuffer(mmap.mmap(-1, n), dtype=dtype).view(shape)  # the tensor keeps the mapping alive
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -370,8 +386,7 @@ class LlamaForCausalLM(nn.Module):
         dtype = dtype or self.lm_head.weight.dtype
         device = device or self.lm_head.weight.device
         shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
-        return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-                for _ in range(cfg.num_hidden_layers)]
+        return [(kv_zeros(shape, dtype, device), kv_zeros(shape, dtype, device)) for _ in range(cfg.num_hidden_layers)]
 
     def kv_bytes_per_token(self) -> int:
         cfg = self.config

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from speclab.models.heads.config import HeadConfig
-from speclab.models.llama import DecoderLayer, LlamaConfig, rope_tables, rotate
+from speclab.models.llama import DecoderLayer, LlamaConfig, kv_zeros, rope_tables, rotate
 
 
 def layer_config(cfg: HeadConfig) -> LlamaConfig:
@@ -120,7 +120,7 @@ class EagleHead(nn.Module):
         c = self.layer.self_attn.cfg
         w = self.fc.weight
         shape = (num_blocks, block_size, c.num_key_value_heads, c.head_dim)
-        return (torch.zeros(shape, dtype=w.dtype, device=w.device), torch.zeros(shape, dtype=w.dtype, device=w.device))
+        return kv_zeros(shape, w.dtype, w.device), kv_zeros(shape, w.dtype, w.device)
 
     # ------------------------------------------------------------------------------------------
     # training: dense causal attention over whole windows (same math, no cache)
