@@ -52,8 +52,10 @@ demo: setup
 # Two worker processes (pytest-xdist), each taking whole test modules (--dist loadfile, so a module's
 # fixtures are built once): the suite runs one torch thread per process, and the second worker uses the
 # second core. (pytest-xdist 3.8's --dist loadgroup does not group under pytest 9.2: it tags nodeids
-# pytest no longer reads.) TEST_WORKERS=0 runs the suite in this one process.
-TEST_WORKERS ?= 2
+# pytest no longer reads.) Two workers at once took up to 10.1 GB above idle (2026-12-01: the real model's
+# modules in one worker beside a lesson or a vLLM engine in the other), so they run only where the machine
+# has 16 GB or more; below that, one process (about 37 minutes, 6.2 GB). TEST_WORKERS=0 or 2 forces either.
+TEST_WORKERS ?= $(shell awk '/^MemTotal:/ { print ($$2 >= 16000000) ? 2 : 0 }' /proc/meminfo 2>/dev/null || echo 0)
 
 test: setup
 	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
