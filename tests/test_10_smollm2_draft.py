@@ -122,6 +122,26 @@ def test_teacher_data_is_written_in_its_contract_format_and_resumes(monkeypatch,
     assert len(teacher.teacher_manifest(tmp_path)["commands"]) == 2
 
 
+def test_more_samples_per_conversation_come_after_the_first_pass_and_resume(monkeypatch, tmp_path):
+    import speclab.chat
+    import speclab.llm
+    monkeypatch.setattr(speclab.llm, "LLM", _FakeLLM)
+    monkeypatch.setattr(speclab.chat, "chat_prompt_ids", lambda tok, messages: _fake_ids(messages))
+    teacher.build_teacher_data(n_greedy=4, n_sample=2, out=tmp_path, verbose=False)
+    first = teacher.load_teacher_data(tmp_path)["ids"]
+    teacher.build_teacher_data(n_greedy=4, n_sample=2, out=tmp_path, verbose=False, resume=True, samples=3)
+    data = teacher.load_teacher_data(tmp_path)
+    assert data["ids"][:6] == first and len(data["ids"]) == 10 and len(set(data["ids"])) == 10
+    sampled = [i for i in first if "#t1s" in i]                      # the two conversations sampled once
+    extra = data["ids"][6:]                                          # two more answers to each, new seeds
+    assert all("#t1s" in i for i in extra) and {i.split("#")[0] for i in extra} == {i.split("#")[0] for i in sampled}
+    seeds = sorted(int(i.split("#t1s")[1]) for i in extra)
+    base = sorted(int(i.split("#t1s")[1]) for i in sampled)
+    assert seeds == sorted(b + k * teacher.SEED_STRIDE for b in base for k in (1, 2))
+    with pytest.raises(ValueError, match="at least 1"):
+        teacher.build_teacher_data(n_greedy=4, n_sample=2, out=tmp_path, verbose=False, samples=0)
+
+
 def test_missing_teacher_data_names_the_command(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"python -m speclab\.train\.teacher"):
         teacher.load_teacher_data(tmp_path)

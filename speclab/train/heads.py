@@ -128,7 +128,15 @@ def teacher_sequences(n_held: int = 24, max_len: int = 640):
     held = [i for i, v in enumerate(val) if v][:n_held]
     train = [i for i, v in enumerate(val) if not v]
     split = {"train": [seqs[i] for i in train], "heldout": [seqs[i] for i in held]}
-    loss_from = {"train": [0] * len(train), "heldout": [lens[i] for i in held]}  # held out: responses only
+    # a prompt is trained on with its first answer only: the conversation's other answers (more T=1
+    # samples) share it, and would otherwise weigh each prompt as often as it was answered
+    first, seen = [], set()
+    for i in train:
+        conv = d["ids"][i].split("#")[0]
+        first.append(conv not in seen)
+        seen.add(conv)
+    loss_from = {"train": [0 if f else lens[i] for f, i in zip(first, train)],
+                 "heldout": [lens[i] for i in held]}  # held out: responses only
     about = {"source": str(teacher_dir()), "teacher": {k: man.get(k) for k in ("name", "counts", "tokens", "command")},
              "conversations": {"train": len(train), "heldout": len(held), "unused_validation": sum(val) - len(held)},
              "split": "by source, as speclab.train.smollm2_draft._is_val"}
@@ -246,7 +254,10 @@ def batch(items, gen: torch.Generator, B: int, T: int):
 
 
 def soft_ce(logits: torch.Tensor, p: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean over masked rows of -sum p log softmax(logits): (B, T, V), (B, T, V), (B, T)."""
+    """Mean over masked rows of -sum p log softmax(logits): (B, T, V), (B, T, V), (B, T); 0 (with a
+    gradient) when no row is masked in, as when every crop of a batch fell inside a prompt."""
+    if not mask.any():
+        return logits.sum() * 0.0
     return -(p * F.log_softmax(logits, -1)).sum(-1)[mask].mean()
 
 
@@ -292,11 +303,13 @@ def eagle_loss(head, obj: Objective, tokens, hidden, lab, stored, method: str, t
         m = mask.clone()
         m[:, :j - 1] = False
         logits = obj.logits(g)
-        if method == "mtp":
+        if not m.any():  # every crop of the batch fell inside prompts: nothing to learn at this step
+            loss = g.sum() * 0.0
+        elif method == "mtp":
             loss = F.cross_entropy(logits[m], labels[m])
         else:
             loss = soft_ce(logits, p, m)
-        if method == "eagle":  # in units of the features' RMS (the residual stream of a small model runs to ~500)
+        if method == "eagle" and m.any():  # in units of the features' RMS (the residual stream of a small model runs to ~500)
             reg = F.smooth_l1_loss(g[m] / obj.scale, f_next[m] / obj.scale)
             parts[f"reg{j}"] = reg.item()
             loss = reg + 0.1 * loss

@@ -40,6 +40,7 @@ NAME = "smollm2-teacher-v1"
 COMMAND = "python -m speclab.train.teacher"
 CHUNK = 32          # conversations per LLM.chat call; the time budget is checked between chunks
 SAMPLE_EVERY = 3    # after every 3rd greedy answer, one T=1 answer of the same conversation (while n_sample lasts)
+SEED_STRIDE = 100_000  # the seed of a conversation's k-th extra T=1 answer: its index + k * SEED_STRIDE
 
 
 def teacher_dir() -> Path:
@@ -85,14 +86,20 @@ def _answer_id(record: dict, seed: int | None) -> str:
     return f"{record['id']}#greedy" if seed is None else f"{record['id']}#t1s{seed}"
 
 
-def _jobs(records: list[dict], n_greedy: int | None, n_sample: int, sample_every: int) -> list[tuple]:
-    """(record, temperature, seed) per answer: greedy and T=1 interleaved, so a time budget keeps both kinds."""
+def _jobs(records: list[dict], n_greedy: int | None, n_sample: int, sample_every: int,
+          samples: int = 1) -> list[tuple]:
+    """(record, temperature, seed) per answer: greedy and T=1 interleaved, so a time budget keeps both
+    kinds; then, for samples > 1, rounds 2..samples of more T=1 answers to the same conversations
+    (seed i + round * SEED_STRIDE), after the first pass, so that --resume with a larger --samples adds them."""
     n_greedy = len(records) if n_greedy is None else min(n_greedy, len(records))
-    jobs = []
+    jobs, sampled = [], []
     for i, r in enumerate(records[:n_greedy]):
         jobs.append((r, 0.0, None))
         if i % sample_every == 0 and i // sample_every < n_sample:
             jobs.append((r, 1.0, i))
+            sampled.append((i, r))
+    for k in range(1, samples):
+        jobs += [(r, 1.0, i + k * SEED_STRIDE) for i, r in sampled]
     return jobs
 
 
@@ -195,7 +202,7 @@ def _manifest(b: _Build, seconds: float, stopped_early: bool, run_finished: bool
 def build_teacher_data(n_greedy: int | None = None, n_sample: int = 128, max_tokens: int = 256,
                        max_num_seqs: int = 32, budget_minutes: float | None = None,
                        out: str | Path | None = None, verbose: bool = True, resume: bool = False,
-                       sample_every: int = SAMPLE_EVERY) -> Path:
+                       sample_every: int = SAMPLE_EVERY, samples: int = 1) -> Path:
     """Generate the teacher data and write teacher.pt, then MANIFEST.json, into `out` (default teacher_dir()).
 
     Args:
@@ -203,6 +210,9 @@ def build_teacher_data(n_greedy: int | None = None, n_sample: int = 128, max_tok
             hash order, so a smaller count is a prefix of a larger one.
         n_sample: conversations answered once more at temperature 1 (seed = their index; every
             `sample_every`-th one, interleaved with the greedy answers).
+        samples: T=1 answers to each of those conversations (the first interleaved as above, the rest
+            after the first pass, with seeds index + k * SEED_STRIDE): more of the target's own text
+            from the same prompts, the cheapest way to grow the data ten-fold.
         max_tokens: new tokens per answer at most.
         max_num_seqs: the engine's batch.
         budget_minutes: stop starting new chunks of CHUNK conversations after this much time (at
@@ -216,7 +226,9 @@ def build_teacher_data(n_greedy: int | None = None, n_sample: int = 128, max_tok
     t0 = time.perf_counter()
     out = Path(out) if out is not None else teacher_dir()
     records = _order(load_train_prompts(), "teacher")
-    jobs = _jobs(records, n_greedy, n_sample, sample_every)
+    if samples < 1:
+        raise ValueError(f"samples={samples}: at least 1 T=1 answer per sampled conversation (use n_sample=0 for none)")
+    jobs = _jobs(records, n_greedy, n_sample, sample_every, samples)
     llm = LLM(model="smollm2", max_num_seqs=max_num_seqs, kv_cache_gb=2.0, dtype=torch.float32)
     b = _Build(out, len(records), max_tokens, max_num_seqs, _command(), t0)
     if resume and (out / "teacher.pt").is_file():
@@ -252,9 +264,12 @@ def main(argv=None) -> None:
     p.add_argument("--sample-every", type=int, default=SAMPLE_EVERY,
                    help="a T=1 answer for every N-th conversation (1: every one; seeds are the conversation's index, "
                         "so --resume with a smaller N adds answers and keeps the earlier ones)")
+    p.add_argument("--samples", type=int, default=1,
+                   help="T=1 answers per sampled conversation (the extra ones come after the first pass, so "
+                        "--resume with a larger N adds them)")
     a = p.parse_args(argv)
     build_teacher_data(a.n_greedy, a.n_sample, a.max_tokens, a.max_num_seqs, a.budget_minutes, a.out, resume=a.resume,
-                       sample_every=a.sample_every)
+                       sample_every=a.sample_every, samples=a.samples)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,68 @@
+"""What a head trains on (speclab.train.heads): each prompt once, and no NaN from a batch without targets.
+
+The teacher data holds several answers to one conversation (a greedy one and T=1 samples); they share
+the prompt, so only the first answer of a conversation trains on its prompt tokens, the others on
+their responses. A batch whose crops all fall inside prompts has no target: its loss is 0 with a
+gradient (an empty mean would be NaN and poison the head through the optimiser).
+"""
+
+import torch
+
+from speclab.train import heads as H
+
+
+def _fake_teacher(monkeypatch):
+    import speclab.train.smollm2_draft as draft
+    import speclab.train.teacher as teacher
+    ids = ["edit/a#greedy", "edit/a#t1s0", "edit/a#t1s100000", "qa/b#greedy", "qa/b#t1s3"]
+    data = {"token_ids": [[1] * 10 for _ in ids], "prompt_lens": [4, 4, 4, 6, 6], "ids": ids,
+            "temperature": [0.0, 1.0, 1.0, 0.0, 1.0]}
+    monkeypatch.setattr(teacher, "load_teacher_data", lambda: data)
+    monkeypatch.setattr(teacher, "teacher_manifest", lambda: {"name": "fake"})
+    monkeypatch.setattr(draft, "_is_val", lambda i: False)
+    return data
+
+
+def test_only_the_first_answer_of_a_conversation_trains_on_its_prompt(monkeypatch):
+    _fake_teacher(monkeypatch)
+    split, loss_from, _ = H.teacher_sequences()
+    assert len(split["train"]) == 5
+    assert loss_from["train"] == [0, 4, 4, 0, 6]
+
+
+def test_distinct_conversations_each_train_on_their_prompt(monkeypatch):
+    data = _fake_teacher(monkeypatch)
+    data["ids"] = [f"s/{i}#greedy" for i in range(5)]          # five conversations: every prompt is new
+    assert H.teacher_sequences()[1]["train"] == [0] * 5
+
+
+def test_a_batch_without_targets_gives_zero_loss_not_nan():
+    logits = torch.randn(2, 3, 5, requires_grad=True)
+    p = torch.softmax(torch.randn(2, 3, 5), -1)
+    none = torch.zeros(2, 3, dtype=torch.bool)
+    loss = H.soft_ce(logits, p, none)
+    loss.backward()
+    assert loss.item() == 0.0 and torch.isfinite(logits.grad).all()
+    some = none.clone()
+    some[0, 1] = True
+    assert H.soft_ce(logits, p, some).item() > 0
+    assert torch.isnan(-(p * torch.log_softmax(logits, -1)).sum(-1)[none].mean()), "the unguarded mean is NaN"
+
+
+def test_eagle_loss_of_a_batch_without_targets_is_finite():
+    from speclab.models.heads import build_head, new_config
+    from speclab.models.hub import resolve
+    from speclab.models.llama import load_llama
+    target = load_llama(resolve("target", "target")[0])
+    L, d = target.config.num_hidden_layers, target.config.hidden_size
+    stored = (2, L // 2, L)
+    head = build_head(new_config("eagle", target, name="target"), target)
+    obj = H.Objective(head, target)
+    tokens = torch.randint(0, target.config.vocab_size, (2, 9))
+    hidden = torch.randn(2, 9, len(stored) * d)
+    for lab, zero in ((torch.zeros(2, 9, dtype=torch.bool), True), (torch.ones(2, 9, dtype=torch.bool), False)):
+        head.zero_grad()
+        loss, _ = H.eagle_loss(head, obj, tokens, hidden, lab, stored, "eagle", ttt=2)
+        loss.backward()
+        assert (loss.item() == 0.0) == zero and torch.isfinite(loss)
+        assert all(p.grad is None or torch.isfinite(p.grad).all() for p in head.parameters())
