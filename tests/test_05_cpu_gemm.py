@@ -99,6 +99,30 @@ def test_packed_linear_takes_the_kernel_for_few_rows_only():
     assert not PackedLinear(w.to(torch.bfloat16)).few_rows
 
 
+@needs_kernel
+def test_the_packed_copy_is_made_only_once_a_batch_s_verify_steps_need_it():
+    """With the kernel, a weight's packed copy (as large as the weight) waits for PACK_AFTER calls of
+    17..PACK_ROWS rows; prefill-sized calls and the kernel's own never make it. bfloat16 packs at once."""
+    from speclab.models import packed_linear as P
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(96, 64, generator=g)
+    lin = PackedLinear(w)
+    if not P.packing_enabled(w):
+        pytest.skip("oneDNN packing is not available in this torch build")
+    assert not lin.is_packed
+    for rows in (1, 5, cpu_gemm.MAX_ROWS, P.PACK_ROWS + 1, 200) * P.PACK_AFTER:  # decode, verify, prefill
+        x = torch.randn(rows, 64, generator=g)
+        torch.testing.assert_close(lin(x), reference(x, w), rtol=1e-5, atol=1e-4)
+    assert not lin.is_packed, "calls the packed copy does not speed up made it"
+    x = torch.randn(40, 64, generator=g)
+    for i in range(P.PACK_AFTER):
+        assert not lin.is_packed, f"packed after {i} calls of 40 rows, before PACK_AFTER = {P.PACK_AFTER}"
+        torch.testing.assert_close(lin(x), reference(x, w), rtol=1e-5, atol=1e-4)
+    assert lin.is_packed
+    torch.testing.assert_close(lin(x), reference(x, w), rtol=1e-5, atol=1e-4)     # the packed product
+    assert PackedLinear(w.to(torch.bfloat16)).is_packed == P.packing_enabled(w.to(torch.bfloat16))
+
+
 SCRIPT = """
 import warnings, torch
 warnings.simplefilter("error", RuntimeWarning)

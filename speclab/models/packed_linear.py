@@ -29,8 +29,17 @@ Both are now the fallback for a decode or verify step. Where speclab's own kerne
 (`speclab.models.cpu_gemm`: float32, one torch thread, 1-16 rows), it takes those products: the
 weight stays (out, in), each row streamed once, 28-35 ms for 1-5 rows over the same 30 layers where
 the paths above took 28-30 ms for one row and 44-78 ms for five; and a row's result has the same
-bits whatever the number of rows. More rows (a prompt's prefill, a batch's verify step) keep the
+bits whatever the number of rows. More rows (a prompt's prefill, a batch's verify step) take the
 packed product, which was 10-17 % faster than `F.linear` at 16-64 rows (2026-12-01).
+
+The packed copy is a second copy of every weight (538 MB for float32 SmolLM2, as much as the model),
+so where the kernel takes the few-row products it is made only once it pays: after PACK_AFTER calls
+with 17-64 rows (the verify steps of a batch, where it was 11-28 % faster than `F.linear` under
+load on 2026-12-02, and 10-17 % quiet on 2026-12-01), not for a prompt's prefill (a few calls; 5-16 %
+at 96-192 rows, nothing at 256). Until then those calls take `F.linear`: a batch-1 run, a test or a
+lesson never holds the copy (`LLM("smollm2")` resident at 1.0 GB instead of 1.5). In bfloat16, or
+without the kernel, every product beyond one float32 row takes the packed copy, which is made at
+once.
 
 Packing changes speed, not the function: where oneDNN (or its bfloat16 support) is missing, on a
 GPU, or with SPECLAB_PACKED_LINEAR=0, `PackedLinear` is `F.linear` on the plain weight (one
@@ -47,6 +56,8 @@ from speclab.models import cpu_gemm
 
 PACKABLE = (torch.float32, torch.bfloat16)
 PACK_BATCH = 4  # rows the packed layout is tuned for (see the module docstring)
+PACK_AFTER = 8  # with the kernel: calls of 17..PACK_ROWS rows before the packed copy is made
+PACK_ROWS = 64  # the most rows at which the packed product clearly beats F.linear (sweeps of 2026-12-01/02)
 
 
 def pack_batch() -> int:
@@ -73,35 +84,43 @@ class PackedLinear:
 
     Args:
         weight: (out, in) plain weight. It is kept (the fallback path, and for inspection); the
-            packed copy is derived from it and made again when the weight changes in place (its
-            version counter moves, e.g. under load_state_dict).
+            packed copy is derived from it (at once, or once it pays: the module docstring) and
+            made again when the weight changes in place (its version counter moves, e.g. under
+            load_state_dict).
     """
 
     def __init__(self, weight: torch.Tensor):
         self.weight = weight
-        self._pack()
+        self._prepare()
 
-    def _pack(self) -> None:
-        self.packed, self._version = None, self.weight._version
+    def _prepare(self) -> None:
+        self.packed, self._version, self.band_calls = None, self.weight._version, 0
         self.rows_t = self.weight.t().is_contiguous() and self.weight.device.type == "cpu"  # (in, out) storage
         self.few_rows = (self.weight.dtype == torch.float32 and self.weight.device.type == "cpu"
                          and self.weight.stride(1) == 1 and cpu_gemm.available())  # (out, in) rows: the kernel
-        if packing_enabled(self.weight):
-            try:
-                with torch.no_grad():
-                    self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach().contiguous(),
-                                                                          pack_batch())
-            except RuntimeError:  # an unsupported shape or build: the plain path is always right
-                self.packed = None
+        self.packable = packing_enabled(self.weight)
+        if self.packable and not self.few_rows:
+            self._pack()
+
+    def _pack(self) -> None:
+        try:
+            with torch.no_grad():
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach().contiguous(), pack_batch())
+        except RuntimeError:  # an unsupported shape or build: the plain path is always right
+            self.packable = False
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # (N, in) -> (N, out)
         if self.weight._version != self._version:
-            self._pack()
-        if (self.few_rows and x.shape[0] <= cpu_gemm.MAX_ROWS and x.dtype == torch.float32
-                and torch.get_num_threads() == 1):
+            self._prepare()
+        rows = x.shape[0]
+        if self.few_rows and rows <= cpu_gemm.MAX_ROWS and x.dtype == torch.float32 and torch.get_num_threads() == 1:
             return cpu_gemm.xwt(x, self.weight)  # a decode or verify step's few rows (cpu_gemm)
-        if x.shape[0] == 1 and self.rows_t and x.dtype == self.weight.dtype == torch.float32:
+        if rows == 1 and self.rows_t and x.dtype == self.weight.dtype == torch.float32:
             return torch.mm(x, self.weight.t())  # one row over the transposed storage (module docstring)
+        if self.packed is None and self.packable and rows <= PACK_ROWS:
+            self.band_calls += 1                 # the kernel's case: pack once a batch's verify steps come
+            if self.band_calls >= PACK_AFTER:
+                self._pack()
         if self.packed is None or x.dtype != self.weight.dtype:
             return F.linear(x, self.weight)
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, None, "none", [], "")
