@@ -54,6 +54,9 @@ def sample_verifier(verify_fn, p, q, N: int, generator: torch.Generator, drafts=
     return counts_by_position(outs, k, p.shape[-1])
 
 
+SAMPLE_CHUNK = 5000  # requests per rejection_sample call in sample_batched
+
+
 def sample_batched(p, q, N: int, generator: torch.Generator, one_hot_drafts=None, dtype=torch.float32):
     """N identical requests through `rejection_sample` in one call; returns (k + 1, V) counts.
 
@@ -62,19 +65,21 @@ def sample_batched(p, q, N: int, generator: torch.Generator, one_hot_drafts=None
             `one_hot_drafts` a fixed list of k draft tokens.
     """
     k, V = p.shape[0] - 1, p.shape[1]
-    if q is not None:
-        drafts = torch.multinomial(q, N, replacement=True, generator=generator).T if k else \
-            torch.empty(N, 0, dtype=torch.long)  # (N, k)
-        draft_probs = q.to(dtype).repeat(N, 1)
-    else:
-        drafts = torch.as_tensor(one_hot_drafts, dtype=torch.long).expand(N, k)
-        draft_probs = None
-    out = rejection_sample(drafts.reshape(-1), [k] * N, p.to(dtype).repeat(N, 1), draft_probs,
-                           generator=generator)  # (N, k + 1)
     counts = np.zeros((k + 1, V), dtype=np.int64)
-    for j in range(k + 1):
-        col = out[:, j]
-        counts[j] = torch.bincount(col[col >= 0], minlength=V).numpy()
+    for n in [SAMPLE_CHUNK] * (N // SAMPLE_CHUNK) + ([N % SAMPLE_CHUNK] if N % SAMPLE_CHUNK else []):
+        # in calls of at most SAMPLE_CHUNK requests: one call of 40k requests over V = 257 held 2.3 GB
+        if q is not None:
+            drafts = torch.multinomial(q, n, replacement=True, generator=generator).T if k else \
+                torch.empty(n, 0, dtype=torch.long)  # (n, k)
+            draft_probs = q.to(dtype).repeat(n, 1)
+        else:
+            drafts = torch.as_tensor(one_hot_drafts, dtype=torch.long).expand(n, k)
+            draft_probs = None
+        out = rejection_sample(drafts.reshape(-1), [k] * n, p.to(dtype).repeat(n, 1), draft_probs,
+                               generator=generator)  # (n, k + 1)
+        for j in range(k + 1):
+            col = out[:, j]
+            counts[j] += torch.bincount(col[col >= 0], minlength=V).numpy()
     return counts
 
 
