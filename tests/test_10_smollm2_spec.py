@@ -91,6 +91,7 @@ def test_greedy_speculation_equals_plain_on_a_ragged_batch(smol_dir, draft_dir, 
         m = spec_decode_counters(llm.get_metrics())
         assert m["num_accepted_tokens"] > 0, f"{config['method']} accepted nothing: the test did not exercise acceptance"
         assert m["num_accepted_tokens"] < m["num_draft_tokens"], "nothing was rejected: rollback was not exercised"
+        del llm  # before the next LLM loads its own copy of the target: one at a time
 
 
 @pytest.mark.slow
