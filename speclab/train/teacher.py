@@ -15,10 +15,16 @@ held-out sets): every conversation greedily, then T=1 samples of some of them (s
         "temperature": list[float]      0.0 or 1.0
     cache_root() / "smollm2-teacher-v1" / MANIFEST.json    written last: its presence means complete
 
-Reproduce the committed set (768 answers: every conversation greedily and once at T=1; about 10
-minutes on 2 quiet CPU cores at batch 32):
+Reproduce the set the shipped heads and draft were trained on (768 answers: every conversation
+greedily and once at T=1; 50 minutes on 2 CPU cores at batch 32 on 2026-12-02, 130,958 response
+tokens, sharing the machine with other work):
 
     python -m speclab.train.teacher --sample-every 1 --n-sample 384   # also --n-greedy, --budget-minutes, --resume
+
+Grow it with more T=1 answers to the same conversations (`--samples N` answers each, after the first
+pass; `--resume` keeps what is there, so a budgeted run can be continued):
+
+    python -m speclab.train.teacher --resume --sample-every 1 --n-sample 384 --samples 4 --budget-minutes 60
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ def load_teacher_data(path: str | Path | None = None) -> dict:
     where = Path(path) if path is not None else teacher_dir()
     if not (where / "MANIFEST.json").is_file() or not (where / "teacher.pt").is_file():
         raise FileNotFoundError(f"no complete teacher data at {where}: build it with `{COMMAND}` "
-                                f"(about 10 minutes on 2 CPU cores; needs the real model, `make setup`)")
+                                f"(about 50 minutes on 2 CPU cores; needs the real model, `make setup`)")
     return torch.load(where / "teacher.pt", weights_only=True)
 
 
