@@ -16,8 +16,9 @@ held-out sets): every conversation greedily, then T=1 samples of some of them (s
     cache_root() / "smollm2-teacher-v1" / MANIFEST.json    written last: its presence means complete
 
 Reproduce the set the shipped heads and draft were trained on (768 answers: every conversation
-greedily and once at T=1; 50 minutes on 2 CPU cores at batch 32 on 2026-12-02, 130,958 response
-tokens, sharing the machine with other work):
+greedily and once at T=1; 50 minutes on 2 CPU cores at batch 32 on 2026-12-02, sharing the machine
+with other work; 130,958 response tokens, where the shipped heads' manifests record 130,972 from
+2026-11-29: float rounding in the engine has moved since, and with it a few greedy tokens):
 
     python -m speclab.train.teacher --sample-every 1 --n-sample 384   # also --n-greedy, --budget-minutes, --resume
 
@@ -218,7 +219,7 @@ def build_teacher_data(n_greedy: int | None = None, n_sample: int = 128, max_tok
             `sample_every`-th one, interleaved with the greedy answers).
         samples: T=1 answers to each of those conversations (the first interleaved as above, the rest
             after the first pass, with seeds index + k * SEED_STRIDE): more of the target's own text
-            from the same prompts, the cheapest way to grow the data ten-fold.
+            from the same prompts, with no new prompts to write.
         max_tokens: new tokens per answer at most.
         max_num_seqs: the engine's batch.
         budget_minutes: stop starting new chunks of CHUNK conversations after this much time (at
