@@ -58,7 +58,7 @@ SAMPLE_CHUNK = 5000  # requests per rejection_sample call in sample_batched
 
 
 def sample_batched(p, q, N: int, generator: torch.Generator, one_hot_drafts=None, dtype=torch.float32):
-    """N identical requests through `rejection_sample` in one call; returns (k + 1, V) counts.
+    """N identical requests through `rejection_sample`, SAMPLE_CHUNK per call; returns (k + 1, V) counts.
 
     Args:
         p: (k + 1, V); q: (k, V) draft rows the drafts are drawn from, or None with
