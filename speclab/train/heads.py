@@ -592,7 +592,8 @@ def _reproduce(args, fit: _Fit, earlier: dict | None) -> str:
            + (f" --warmup {args.warmup}" if args.warmup != 30 else "")
            + f" --windows {args.windows}" + (f" --heldout-windows {args.heldout_windows}" if args.heldout_windows else "")
            + (f" --hidden-layers {args.hidden_layers}" if args.hidden_layers else "")
-           + (f" --layer-init {args.layer_init}" if args.layer_init is not None else ""))
+           + (f" --layer-init {args.layer_init}" if args.layer_init is not None else "")
+           + (f" --threads {args.threads}" if args.threads else ""))  # threads change the float rounding
     if earlier:  # a continued run: its reproduction is the earlier command, then this one with --init
         cmd = f"{earlier['reproduce']} && {cmd.replace(f'--steps {step} ', f'--steps {step} --init {args.init} ')}"
     return cmd
