@@ -14,8 +14,8 @@ speculation cannot change a greedy token through rounding in them (a GEMM librar
 summation order per shape). Larger products (a prompt's prefill) stay with the library.
 
 It is C++ built once per machine with the host's compiler (`c++ -O3 -march=native`, or $CXX)
-into speclab's cache (`$SPECLAB_CACHE/cpu_gemm/`), and loaded with ctypes: no torch headers, a
-build of about a second. Where there is no compiler, or the build fails, or SPECLAB_CPU_GEMM=0,
+into speclab's cache (`$SPECLAB_CACHE/cpu_gemm/`), and loaded with ctypes (`speclab.models.native`):
+no torch headers, a build of about a second. Where there is no compiler, or the build fails, or SPECLAB_CPU_GEMM=0,
 `available()` is False and the projections take the libraries' paths (a warning says why, except
 for the switch).
 The kernel is single-threaded: with more than one torch thread the libraries, which use them all,
@@ -25,96 +25,28 @@ run instead (`PackedLinear`).
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 
-from speclab.cache import cache_root
+from speclab.models import native
 
 SOURCE = Path(__file__).with_name("cpu_gemm.cpp")
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17"]
 MAX_ROWS = 16  # beyond this the libraries' blocked GEMMs are as fast (a sweep of 1-32 rows)
 
 _lib = None   # the loaded library, False once loading failed
 _why = ""     # why it is not available, for the warning and for tests
 
 
-def compiler() -> str | None:
-    """The C++ compiler to build with: $CXX, else c++ / g++ / clang++ on PATH."""
-    if os.environ.get("CXX"):
-        return os.environ["CXX"]
-    return next((c for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
-
-
-def library_path(cxx: str) -> Path:
-    """Where this machine's build lives: keyed by the source, the flags, the compiler and the CPU."""
-    try:
-        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        version = ""
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), cxx, version, platform.machine(),
-                                    _cpu_model()]).encode()).hexdigest()[:16]
-    return cache_root() / "cpu_gemm" / f"cpu_gemm-{key}.so"
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "flags")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def build(cxx: str) -> Path:
-    """Compile the kernel if this machine has no build of it yet; the path of the shared library.
-    Atomic: concurrent processes each write a temporary file and rename it into place."""
-    path = library_path(cxx)
-    if path.exists():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
-    os.close(fd)
-    try:
-        done = subprocess.run([cxx, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            raise RuntimeError(f"{cxx} failed to build {SOURCE.name}:\n{done.stderr.strip()[-2000:]}")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
-
-
 def _load():
     global _lib, _why
     if _lib is not None:
         return _lib
-    _lib = False
-    if os.environ.get("SPECLAB_CPU_GEMM", "1") == "0":
-        _why = "SPECLAB_CPU_GEMM=0"
-        return _lib
-    cxx = compiler()
-    if cxx is None:
-        _why = "no C++ compiler found (install g++ or clang++, or set CXX)"
-    else:
-        try:
-            lib = ctypes.CDLL(str(build(cxx)))
-            fn = lib.speclab_gemm_xwt
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_long] * 3 + [ctypes.c_long] * 3
-            fn.restype = None
-            _lib = fn
-        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-            _why = str(e)
-    if _lib is False:  # (not for the switch: whoever set it knows)
+    fn, _why = native.load(SOURCE, "speclab_gemm_xwt", [ctypes.c_void_p, ctypes.c_long] * 3 + [ctypes.c_long] * 3,
+                           None, "SPECLAB_CPU_GEMM")
+    _lib = fn or False
+    if _lib is False and _why != "SPECLAB_CPU_GEMM=0":  # (not for the switch: whoever set it knows)
         warnings.warn(f"speclab's few-row CPU kernel is not available ({_why}); projections use torch's "
                       "GEMM libraries, which verify several tokens more slowly", RuntimeWarning, stacklevel=3)
     return _lib

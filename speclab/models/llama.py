@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from speclab.models import cpu_gemm
+from speclab.models import cpu_attention, cpu_gemm
 from speclab.models.packed_linear import PackedLinear
 
 
@@ -131,6 +131,14 @@ class AttentionMetadata:
                 mask[b, 0, :m.shape[0], base:base + m.shape[1]] = m.to(device)
         return row, col, mask, q_max, c_max
 
+    @cached_property
+    def kernel_tables(self):
+        """(positions, query_start_loc, block_tables) as contiguous int64 CPU tensors, made once per
+        forward for speclab.models.cpu_attention."""
+        as_long = lambda t: t.to(torch.long).contiguous()
+        return (as_long(self.positions), torch.tensor(self.query_start_loc, dtype=torch.long),
+                as_long(self.block_tables))
+
     def gather_plan(self, block_size: int, entry_shape, dtype):
         """(blocks, k_buf, v_buf), made once per forward and shared by every layer: the cache blocks
         that request b reads are blocks[b * nb:(b + 1) * nb] (padding -1 reads block 0, whose slots lie
@@ -193,8 +201,11 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
     """Causal attention of a flattened ragged batch over each request's paged cache, in one call.
 
-    The B requests are padded to a rectangle: queries (B, Qmax), keys and values gathered through
-    the block tables (B, Cmax). Query i of request b (at position t) sees keys 0..t of its own cache.
+    Query i of request b (at position t) sees keys 0..t of its own cache. On a CPU in float32 with
+    one thread, a causal batch takes speclab's kernel (speclab.models.cpu_attention), which reads
+    each token's slots in place. Otherwise (a tree of drafts, another dtype or device, more threads)
+    the B requests are padded to a rectangle: queries (B, Qmax), keys and values gathered through
+    the block tables (B, Cmax), one masked SDPA over it.
 
     Args:
         q: (N, H, Dh) queries of all requests' new tokens.
@@ -202,6 +213,8 @@ def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tenso
     Returns:
         (N, H, Dh) attention outputs, in the flattened order.
     """
+    if cpu_attention.applies(q, k_cache, meta.tree_masks):
+        return cpu_attention.paged_attention(q, k_cache, v_cache, *meta.kernel_tables)
     N, H, Dh = q.shape
     B, block_size = len(meta.seq_lens), k_cache.shape[1]
     row, col, mask, q_max, c_max = meta.padded

@@ -1,0 +1,94 @@
+"""Paged attention on a CPU in a small kernel of our own: each query reads its request's cache in place.
+
+torch has no attention over a paged cache, so `llama.paged_attention`'s torch path gathers every
+request's blocks into a padded (B, Cmax) copy in every layer and runs one masked SDPA over the
+rectangle. That is right and general (trees, any dtype, any device), but on a CPU its cost grows
+with the batch: in a batch-8 decode step of SmolLM2 over ~200 cached tokens (one thread, float32,
+2026-12-02) the gather and SDPA took about a fifth of the step. `cpu_attention.cpp` walks each
+token's slots 0..t through the block table instead: no copy, no padding, and no work behind the
+causal mask.
+
+It also gives a token's attention the same bits whatever else is in the forward (the .cpp says
+how): with `cpu_gemm`'s projections, a token's hidden state in a one-token decode step and in a
+k + 1 token verify step differ only where the number of rows moves a projection off the kernel.
+
+Where it runs: float32 on a CPU, one torch thread (the kernel is single-threaded; with more threads
+SDPA uses them all), a head_dim that is a multiple of 8 up to 128, causal batches (a tree of drafts,
+lesson 10, takes the torch path with its mask). Built like `cpu_gemm` (`speclab.models.native`);
+SPECLAB_CPU_ATTENTION=0 turns it off, and without a compiler `available()` is False (cpu_gemm's
+warning already says so) and attention takes the torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from speclab.models import native
+
+SOURCE = Path(__file__).with_name("cpu_attention.cpp")
+MAX_HEAD_DIM = 128  # as cpu_attention.cpp's MAX_DH (each head_dim up to it is compiled: a build of several seconds)
+
+_fn = None   # the loaded function, False once loading failed
+_why = ""
+
+
+def _load():
+    global _fn, _why
+    if _fn is None:
+        p, n = ctypes.c_void_p, ctypes.c_long
+        fn, _why = native.load(SOURCE, "speclab_paged_attention",
+                               [p, n, n, p, p, n, p, n, p, p, p, n, n, n, n, n, ctypes.c_float], ctypes.c_int,
+                               "SPECLAB_CPU_ATTENTION")
+        _fn = fn or False
+    return _fn
+
+
+def available() -> bool:
+    """Whether the kernel is built and loaded here (building it on first call)."""
+    return bool(_load())
+
+
+def why_unavailable() -> str:
+    """Why `available()` is False ('' when it is True)."""
+    _load()
+    return _why
+
+
+def applies(q: torch.Tensor, k_cache: torch.Tensor, tree_masks) -> bool:
+    """Whether the kernel takes this attention call (the module docstring's conditions)."""
+    Dh = q.shape[-1]
+    return (q.device.type == "cpu" and q.dtype == k_cache.dtype == torch.float32 and not tree_masks
+            and Dh % 8 == 0 and Dh <= MAX_HEAD_DIM and q.stride(-1) == 1 and k_cache.is_contiguous()
+            and torch.get_num_threads() == 1 and available())
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor,
+                    query_start_loc: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    """Causal attention of N flattened tokens over their requests' paged caches.
+
+    Args:
+        q: (N, H, Dh) float32, last dimension contiguous (a view into the fused qkv is fine).
+        k_cache, v_cache: (num_blocks, block_size, Hkv, Dh) float32, contiguous.
+        positions: (N,) int64, each token's position (it sees its request's slots 0..position).
+        query_start_loc: (B + 1,) int64; block_tables: (B, width) int64, contiguous.
+    Returns:
+        (N, H, Dh) float32.
+    """
+    N, H, Dh = q.shape
+    num_blocks, block_size, Hkv, _ = k_cache.shape
+    if H % Hkv:
+        raise ValueError(f"{H} query heads do not share {Hkv} key/value heads evenly")
+    fn = _fn or _load()
+    if not fn:
+        raise RuntimeError(f"speclab's CPU attention kernel is not available: {_why}")
+    out = torch.empty(N, H, Dh, dtype=torch.float32)
+    failed = fn(q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(), num_blocks,
+                block_tables.data_ptr(), block_tables.shape[1], query_start_loc.data_ptr(), positions.data_ptr(),
+                out.data_ptr(), len(query_start_loc) - 1, H, Hkv, Dh, block_size, Dh ** -0.5)
+    if failed:
+        raise ValueError("a token's position reaches a cache block its request's block table does not hold "
+                         "(a -1 or an id outside the pool): the scheduler must allocate slots before the forward")
+    return out

@@ -1,0 +1,172 @@
+"""The paged CPU attention kernel (speclab.models.cpu_attention): the attention it claims, read
+through scattered block tables; the same bits for a token whatever else is in the forward; the
+causal limit; a clear error for a table that does not hold a token's slots; and the torch path
+wherever the kernel does not apply."""
+
+import dataclasses
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from speclab.models import cpu_attention, llama
+from speclab.models.llama import AttentionMetadata
+
+needs_kernel = pytest.mark.skipif(not cpu_attention.available(),
+                                  reason=f"kernel not built: {cpu_attention.why_unavailable()}")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def ragged(new, lens, H=9, Hkv=3, Dh=64, block_size=16, seed=0):
+    """q, caches and metadata of a causal batch: request b brings new[b] tokens, ending at lens[b];
+    its blocks are scattered over the pool in random order."""
+    g = torch.Generator().manual_seed(seed)
+    nb = sum(math.ceil(n / block_size) for n in lens) + 3
+    k_cache, v_cache = torch.randn(nb, block_size, Hkv, Dh, generator=g), torch.randn(nb, block_size, Hkv, Dh, generator=g)
+    perm = torch.randperm(nb, generator=g).tolist()
+    tables, positions, starts, used = [], [], [0], 0
+    for q, n in zip(new, lens):
+        blocks = math.ceil(n / block_size)
+        tables.append(perm[used:used + blocks])
+        used += blocks
+        positions += range(n - q, n)
+        starts.append(starts[-1] + q)
+    width = max(map(len, tables))
+    meta = AttentionMetadata(positions=torch.tensor(positions), slot_mapping=torch.zeros(len(positions), dtype=torch.long),
+                             query_start_loc=starts, seq_lens=list(lens),
+                             block_tables=torch.tensor([t + [-1] * (width - len(t)) for t in tables]))
+    q = torch.randn(len(positions), H + Hkv, Dh, generator=g)[:, :H]  # a view into a fused qkv, as the model passes it
+    return q, k_cache, v_cache, meta
+
+
+def reference(q, k_cache, v_cache, meta):
+    """Float64 attention of each token over its request's slots 0..t, one token at a time."""
+    H, (_, block_size, Hkv, Dh) = q.shape[1], k_cache.shape
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for b in range(len(meta.seq_lens)):
+        table = meta.block_tables[b]
+        for i in range(meta.query_start_loc[b], meta.query_start_loc[b + 1]):
+            n = int(meta.positions[i]) + 1
+            slots = [int(table[s // block_size]) * block_size + s % block_size for s in range(n)]
+            keys = k_cache.reshape(-1, Hkv, Dh)[slots].double().repeat_interleave(H // Hkv, 1)    # (n, H, Dh)
+            values = v_cache.reshape(-1, Hkv, Dh)[slots].double().repeat_interleave(H // Hkv, 1)
+            weights = torch.softmax(torch.einsum("hd,nhd->hn", q[i].double(), keys) / math.sqrt(Dh), -1)
+            out[i] = torch.einsum("hn,nhd->hd", weights, values)
+    return out
+
+
+def kernel(q, k_cache, v_cache, meta):
+    assert cpu_attention.applies(q, k_cache, meta.tree_masks)
+    return cpu_attention.paged_attention(q, k_cache, v_cache, *meta.kernel_tables)
+
+
+CASES = {
+    "decode batch": ([1] * 5, [1, 17, 40, 100, 233]),
+    "verify steps": ([5, 3, 9], [21, 64, 130]),
+    "prefills": ([37, 64, 1], [37, 64, 1]),
+    "mixed (chunked prefill beside decode and verify)": ([20, 1, 5], [52, 90, 6]),
+}
+
+
+@needs_kernel
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("heads,dh,block_size", [((9, 3), 64, 16), ((4, 4), 8, 1), ((8, 2), 128, 5), ((6, 1), 24, 32)])
+def test_kernel_matches_float64_attention_through_scattered_blocks(case, heads, dh, block_size):
+    """Grouped and plain heads, head_dim 8-128, blocks of 1-32 slots (partial last blocks)."""
+    new, lens = CASES[case]
+    q, kc, vc, meta = ragged(new, lens, *heads, dh, block_size, seed=len(case) + dh)
+    torch.testing.assert_close(kernel(q, kc, vc, meta).double(), reference(q, kc, vc, meta), rtol=1e-5, atol=2e-6)
+
+
+@needs_kernel
+def test_the_torch_path_agrees(monkeypatch):
+    """The kernel and the gather + SDPA path compute the same attention (different rounding)."""
+    q, kc, vc, meta = ragged([1, 5, 30], [80, 200, 30])
+    ours = kernel(q, kc, vc, meta)
+    monkeypatch.setattr(cpu_attention, "applies", lambda *args: False)
+    with_torch = llama.paged_attention(q, kc, vc, dataclasses.replace(meta, _shared={}))
+    torch.testing.assert_close(ours, with_torch, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_a_token_s_attention_has_the_same_bits_alone_and_in_any_batch():
+    """Token at position 99 of request 0: alone in a decode step, last of a 5-token verify step,
+    inside a 100-token prefill, and beside other requests: torch.equal, not close."""
+    q, kc, vc, meta = ragged([100, 5, 1], [100, 60, 300])
+    big = kernel(q, kc, vc, meta)
+    table = meta.block_tables[:1, :7]
+    for first in (99, 95, 0):   # decode step, verify step, the prompt's whole prefill
+        alone = AttentionMetadata(positions=meta.positions[first:100], slot_mapping=meta.slot_mapping[first:100],
+                                  query_start_loc=[0, 100 - first], seq_lens=[100], block_tables=table)
+        out = kernel(q[first:100], kc, vc, alone)
+        assert torch.equal(out, big[first:100]), f"tokens {first}..99 alone differ from the batch"
+
+
+@needs_kernel
+def test_a_token_never_reads_slots_after_its_position():
+    """Slots after a token's position (the rest of a verify chunk, stale entries in the last
+    block) can hold anything, NaN included, without changing its output by a bit."""
+    q, kc, vc, meta = ragged([5], [40])
+    before = kernel(q, kc, vc, meta)
+    block = int(meta.block_tables[0, 2])     # slots 32..47: the chunk is 35..39, 40..47 unused
+    kc2, vc2 = kc.clone(), vc.clone()
+    kc2[block, 8:], vc2[block, 8:] = float("nan"), float("nan")
+    assert torch.equal(kernel(q, kc2, vc2, meta), before)
+    kc2[block, 4], vc2[block, 4] = 1e3, 1e3  # slot 36: token 35 does not see it, 36..39 do
+    after = kernel(q, kc2, vc2, meta)
+    assert torch.equal(after[0], before[0]) and not torch.equal(after[1:], before[1:])
+
+
+@needs_kernel
+def test_extreme_scores_stay_finite_and_right():
+    """Scores hundreds apart (weights below float's range become 0) and equal scores (uniform)."""
+    q, kc, vc, meta = ragged([3], [50], Dh=64)
+    q = q * 40.0
+    torch.testing.assert_close(kernel(q, kc, vc, meta).double(), reference(q, kc, vc, meta), rtol=1e-5, atol=1e-5)
+    q0 = torch.zeros_like(q)
+    out = kernel(q0, kc, vc, meta)            # all scores 0: the mean of the values seen
+    torch.testing.assert_close(out.double(), reference(q0, kc, vc, meta), rtol=1e-5, atol=1e-6)
+
+
+@needs_kernel
+def test_a_table_without_a_token_s_blocks_is_refused_with_the_cause():
+    q, kc, vc, meta = ragged([1, 1], [40, 10])
+    meta.block_tables[1, 0] = -1               # request 1's only block, as padding
+    with pytest.raises(ValueError, match="block table does not hold"):
+        kernel(q, kc, vc, meta)
+    q, kc, vc, meta = ragged([1], [40])
+    meta.block_tables[0, 1] = kc.shape[0]      # an id past the pool
+    with pytest.raises(ValueError, match="outside the pool"):
+        kernel(q, kc, vc, meta)
+
+
+def test_the_torch_path_takes_what_the_kernel_does_not():
+    """A tree of drafts, bfloat16, more than one thread: `applies` is False (and the model's
+    attention still runs, through gather + SDPA)."""
+    q, kc, vc, meta = ragged([3], [20])
+    tree = [(17, torch.tensor([[True, False, False], [True, True, False], [True, False, True]]))]
+    assert not cpu_attention.applies(q, kc, tree)
+    assert not cpu_attention.applies(q.bfloat16(), kc.bfloat16(), None)
+    torch.set_num_threads(2)
+    assert not cpu_attention.applies(q, kc, None)
+    torch.set_num_threads(1)
+    assert not cpu_attention.applies(torch.randn(3, 9, 12), torch.randn(4, 16, 3, 12), None)  # head_dim 12
+    tree_meta = dataclasses.replace(meta, _shared={}, tree_masks=tree)
+    assert llama.paged_attention(q, kc, vc, tree_meta).shape == q.shape
+
+
+def test_the_switch_turns_the_kernel_off(tmp_path):
+    script = "from speclab.models import cpu_attention; print('available', cpu_attention.available(), cpu_attention.why_unavailable())"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "SPECLAB_CACHE": str(tmp_path), "SPECLAB_CPU_ATTENTION": "0"}).stdout
+    assert "available False SPECLAB_CPU_ATTENTION=0" in out, out
