@@ -8,6 +8,7 @@
     python -m speclab.bench heads      # every proposer side by side, heads included (lesson 08; heads.py)
     python -m speclab.bench vs-vllm    # speclab, real vLLM and transformers side by side (vs_vllm.py)
     python -m speclab.bench verify-cost  # a forward over 1..9 tokens in decode steps, phase by phase (verify_cost.py)
+    python -m speclab.bench attention  # forwards with the paged CPU attention kernel vs gather + SDPA (attention.py)
     python -m speclab.bench serve-vs-vllm   # speclab serve and vllm serve under both serving benchmarks
 
 The embedded pair (default) runs on the held-out code sets of speclab/data; `--target smollm2`
@@ -26,6 +27,7 @@ import sys
 import torch
 
 from speclab import roofline, stats
+from speclab.bench.attention import main as attention_main
 from speclab.bench.heads import bench_heads
 from speclab.bench.prompts import REAL_SETS, find_draft, is_real, prompt_ids
 from speclab.bench.serve_vs_vllm import main as serve_vs_vllm_main
@@ -287,7 +289,8 @@ def bench_all(args) -> None:
 
 
 # benchmarks with their own flags: name -> main(argv)
-OWN_FLAGS = {"vs-vllm": vs_vllm_main, "verify-cost": verify_cost_main, "serve-vs-vllm": serve_vs_vllm_main}
+OWN_FLAGS = {"vs-vllm": vs_vllm_main, "verify-cost": verify_cost_main, "serve-vs-vllm": serve_vs_vllm_main,
+             "attention": attention_main}
 
 
 def main(argv=None) -> None:

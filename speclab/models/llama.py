@@ -135,9 +135,8 @@ class AttentionMetadata:
     def kernel_tables(self):
         """(positions, query_start_loc, block_tables) as contiguous int64 CPU tensors, made once per
         forward for speclab.models.cpu_attention."""
-        as_long = lambda t: t.to(torch.long).contiguous()
-        return (as_long(self.positions), torch.tensor(self.query_start_loc, dtype=torch.long),
-                as_long(self.block_tables))
+        return (self.positions.to(torch.long).contiguous(), torch.tensor(self.query_start_loc, dtype=torch.long),
+                self.block_tables.to(torch.long).contiguous())
 
     def gather_plan(self, block_size: int, entry_shape, dtype):
         """(blocks, k_buf, v_buf), made once per forward and shared by every layer: the cache blocks
