@@ -41,3 +41,24 @@ def test_bench_heads_writes_one_consistent_row_per_method_and_set(tmp_path, caps
         assert 0 <= r["acceptance_rate"] <= 1 and 1 <= r["mean_acceptance_length"] <= 5, r
         assert abs(r["mean_acceptance_length"] - (1 + sum(r["acceptance_per_position"]))) < 1e-9, r
     assert "speedup" in capsys.readouterr().out  # the table is printed too
+
+
+def test_sampled_chats_run_to_max_tokens_so_rows_carry_the_same_prefill():
+    """At T > 0 each row samples its own answer; one that ended at EOS after a few tokens would put
+    its prompt's prefill on those few and read as a slow row. So sampled chats ignore EOS, greedy
+    ones (identical in every row) stop at it."""
+    from types import SimpleNamespace
+
+    from speclab.bench.heads import run_set
+
+    seen = []
+
+    class FakeLLM:
+        def chat(self, prompt, params, use_tqdm):
+            seen.append(params)
+            return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[1, 2])])]
+
+    for temperature in (0.0, 1.0):
+        seconds, outs = run_set(FakeLLM(), [[{"role": "user", "content": "hi"}]], temperature, 8, chat=True)
+        assert outs == [[1, 2]] and seconds >= 0
+    assert [p.ignore_eos for p in seen] == [False, True]

@@ -14,6 +14,12 @@ position i, a tree's depth i, / drafts), acceptance rate (accepted / drafted: a 
 tokens than it can keep), mean acceptance length tau (1 + accepted / drafts), the drafting cost c
 (the proposer's time per drafted token over the plain row's time per token) and, at T = 0,
 whether the output equals plain greedy decoding token for token. Batch 1: compare rows of one run.
+
+Every row generates the same number of tokens: greedy chats stop at the model's EOS, where all
+rows stop alike (their outputs are identical); sampled ones (T > 0) go on to --max-tokens
+(`ignore_eos`), since a sampled answer that ends early would put its prompt's prefill on a few
+tokens and make that row look slow (an EAGLE row at T = 1 once read 0.20x so). Tokens are counted
+per round.
 """
 
 from __future__ import annotations
@@ -86,7 +92,8 @@ def time_proposer(llm) -> dict:
 
 def run_set(llm, prompts, temperature: float, max_tokens: int, chat: bool) -> tuple[float, list[list[int]]]:
     """(seconds, output token ids) over the prompts, one request at a time (batch 1)."""
-    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=not chat)
+    # a sampled answer runs to max_tokens, so each row's time per token carries the same prefill
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=not chat or temperature > 0)
     call = (lambda p: llm.chat(p, params, use_tqdm=False)) if chat else (lambda p: llm.generate([p], params, use_tqdm=False))
     secs, outs = 0.0, []
     for p in prompts:
@@ -97,7 +104,7 @@ def run_set(llm, prompts, temperature: float, max_tokens: int, chat: bool) -> tu
 
 
 def measure(rows, prompt_sets, temperature, args, real) -> dict:
-    """Interleaved rounds: (row index, set) -> {"seconds": [...], "tokens", "outputs", "stats", "propose"}."""
+    """Interleaved rounds: (row index, set) -> {"seconds": [...], "tokens": [...], "outputs", "stats", "propose"}."""
     small = dict(max_num_seqs=4, kv_cache_gb=0.25)  # batch 1: a small pool per row
     llms = [LLM(args.target, speculative_config=r.spec, **small) for r in rows]
     timers = [time_proposer(llm) for llm in llms]
@@ -113,10 +120,10 @@ def measure(rows, prompt_sets, temperature, args, real) -> dict:
             for kind, prompts in prompt_sets.items():
                 before, drafting = counters(llm.engine.stats), dict(timer)
                 secs, outs = run_set(llm, prompts, temperature, args.max_tokens, real)
-                cell = out.setdefault((i, kind), {"seconds": [], "outputs": outs, "drafts": 0, "drafted": 0,
-                                                  "accepted": 0, "per_pos": None, "propose_s": 0.0, "proposed": 0})
+                cell = out.setdefault((i, kind), {"seconds": [], "tokens": [], "outputs": outs, "drafts": 0,
+                                                  "drafted": 0, "accepted": 0, "per_pos": None, "propose_s": 0.0, "proposed": 0})
                 cell["seconds"].append(secs)
-                cell["tokens"] = sum(len(o) for o in outs)
+                cell["tokens"].append(sum(len(o) for o in outs))
                 after = counters(llm.engine.stats)
                 for j, key in enumerate(("drafts", "drafted", "accepted")):
                     cell[key] += after[j] - before[j]
@@ -168,8 +175,8 @@ def bench_heads(args) -> None:
 
 def report_row(r: Row, kind: str, temperature: float, cell: dict, plain: dict, v_k: float) -> dict:
     """Print one line of the table; return its JSON row."""
-    per_token = [s / cell["tokens"] for s in cell["seconds"]]
-    base = [s / plain["tokens"] for s in plain["seconds"]]
+    per_token = [s / n for s, n in zip(cell["seconds"], cell["tokens"])]
+    base = [s / n for s, n in zip(plain["seconds"], plain["tokens"])]
     ratios = [b / t for b, t in zip(base, per_token)]
     spec, drafts = r.spec is not None, max(cell["drafts"], 1)
     c = cell["propose_s"] / max(cell["proposed"], 1) / statistics.median(base) if spec else 0.0
