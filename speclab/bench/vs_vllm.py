@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -43,6 +42,7 @@ from pathlib import Path
 import torch
 
 from speclab.metrics import Counter, Vector, spec_decode_counters
+from speclab.timing import machine_info
 from speclab.vllm_venv import run_in_vllm, skip_reason
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
@@ -303,7 +303,7 @@ def main(argv=None) -> None:
           f"({args.per_set} per set: {', '.join(SETS)}), {args.max_tokens} tokens each, greedy, batches {BATCHES}; "
           f"threads = {args.threads} for every engine (speclab/transformers torch threads {torch.get_num_threads()}, "
           f"vLLM bound to cores 0-{args.threads - 1}); {args.repeats} interleaved repeats; load average "
-          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {platform.processor() or platform.machine()}, "
+          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {machine_info()['cpu']}, "
           f"{os.cpu_count()} cores", flush=True)
     import tempfile
     tmp = Path(tempfile.mkdtemp(prefix="speclab-vs-vllm-"))
@@ -342,7 +342,7 @@ def main(argv=None) -> None:
                          "vllm_enforce_eager": not args.compile, "vllm_startup_s": startup,
                          "prefix_caching": args.prefix_caching,
                          "load_average_before": load, "load_average_after": load_after,
-                         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+                         "machine": f"{machine_info()['cpu']}, {os.cpu_count()} cores",
                          "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "python": sys.version.split()[0],
                          "notes": notes},
             "rows": rows}, indent=1) + "\n")
