@@ -1,7 +1,7 @@
 """The paged CPU attention kernel (speclab.models.cpu_attention): the attention it claims, read
 through scattered block tables; the same bits for a token whatever else is in the forward; the
-causal limit; a clear error for a table that does not hold a token's slots; and the torch path
-wherever the kernel does not apply."""
+causal limit; bfloat16 caches read as they are; a clear error for a table that does not hold a
+token's slots; and the torch path wherever the kernel does not apply."""
 
 import dataclasses
 import math
@@ -89,6 +89,41 @@ def test_kernel_matches_float64_attention_through_scattered_blocks(case, heads, 
 
 
 @needs_kernel
+@pytest.mark.parametrize("case", CASES)
+def test_bfloat16_caches_are_read_as_they_are(case):
+    """bf16 q and caches: the float64 attention of those very bf16 values, within the one rounding
+    of the output to bf16 (2^-8 relative), and torch.equal to the float32 kernel on the widened
+    values rounded once: the kernel widens exactly and then does the float32 arithmetic."""
+    new, lens = CASES[case]
+    q, kc, vc, meta = ragged(new, lens, seed=len(case))
+    q, kc, vc = q.bfloat16(), kc.bfloat16(), vc.bfloat16()
+    out = kernel(q, kc, vc, meta)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), reference(q, kc, vc, meta), rtol=2 ** -8, atol=1e-3)
+    assert torch.equal(out, kernel(q.float(), kc.float(), vc.float(), meta).bfloat16())
+
+
+@needs_kernel
+def test_a_bfloat16_token_s_attention_has_the_same_bits_alone_and_in_a_verify_step():
+    """What keeps bf16 greedy speculation exact: a token's attention alone (a decode step) and as
+    the last of a 5-token verify step beside another request, torch.equal."""
+    q, kc, vc, meta = ragged([5, 1], [100, 300])
+    q, kc, vc = q.bfloat16(), kc.bfloat16(), vc.bfloat16()
+    big = kernel(q, kc, vc, meta)
+    alone = AttentionMetadata(positions=meta.positions[4:5], slot_mapping=meta.slot_mapping[4:5],
+                              query_start_loc=[0, 1], seq_lens=[100], block_tables=meta.block_tables[:1])
+    assert torch.equal(kernel(q[4:5], kc, vc, alone), big[4:5])
+
+
+@needs_kernel
+def test_mixed_dtypes_are_refused_with_the_fix():
+    q, kc, vc, meta = ragged([1], [20])
+    assert not cpu_attention.applies(q, kc.bfloat16(), None)
+    with pytest.raises(ValueError, match="share one dtype"):
+        cpu_attention.paged_attention(q, kc.bfloat16(), vc.bfloat16(), *meta.kernel_tables)
+
+
+@needs_kernel
 def test_the_torch_path_agrees(monkeypatch):
     """The kernel and the gather + SDPA path compute the same attention (different rounding)."""
     q, kc, vc, meta = ragged([1, 5, 30], [80, 200, 30])
@@ -151,12 +186,12 @@ def test_a_table_without_a_token_s_blocks_is_refused_with_the_cause():
 
 
 def test_the_torch_path_takes_what_the_kernel_does_not():
-    """A tree of drafts, bfloat16, more than one thread: `applies` is False (and the model's
+    """A tree of drafts, float16, more than one thread: `applies` is False (and the model's
     attention still runs, through gather + SDPA)."""
     q, kc, vc, meta = ragged([3], [20])
     tree = [(17, torch.tensor([[True, False, False], [True, True, False], [True, False, True]]))]
     assert not cpu_attention.applies(q, kc, tree)
-    assert not cpu_attention.applies(q.bfloat16(), kc.bfloat16(), None)
+    assert not cpu_attention.applies(q.half(), kc.half(), None)
     torch.set_num_threads(2)
     assert not cpu_attention.applies(q, kc, None)
     torch.set_num_threads(1)

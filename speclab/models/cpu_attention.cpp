@@ -3,8 +3,11 @@
 // The batch holds B requests; request b's new tokens are rows qsl[b] .. qsl[b + 1] of q, and the
 // token at position t attends to its request's cache slots 0..t, found through the block table
 // (slot s lies in block table[b][s / block_size], at offset s % block_size). The caches are
-// (num_blocks, block_size, Hkv, Dh) float32, contiguous, and already hold this step's keys and
-// values. Query head h reads key/value head h / (H / Hkv) (grouped-query attention).
+// (num_blocks, block_size, Hkv, Dh), float32 or bfloat16, contiguous, and already hold this step's
+// keys and values. Query head h reads key/value head h / (H / Hkv) (grouped-query attention).
+// q and out are float32: a bfloat16 model's caller widens q and rounds out (cpu_attention.py), and a
+// bfloat16 key or value is widened to float32 as it is loaded (its 16 bits are a float32's upper
+// half, so the widening is exact), so the arithmetic below is the same in both dtypes.
 //
 // What it replaces: torch's path pads the batch to a rectangle, gathers every request's blocks
 // into a (B, Cmax) copy of its keys and values in every layer, and runs one masked SDPA over it.
@@ -23,6 +26,7 @@
 // Built by speclab/models/native.py like cpu_gemm.cpp (-O3 -march=native -ffp-contract=off).
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 #if defined(__FMA__)
@@ -42,6 +46,14 @@ static inline v8 fma8(v8 a, v8 b, v8 c) {  // a * b + c, fused where the CPU has
 static inline v8 load8(const float* p) {
     v8 v;
     std::memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+static inline v8 load8(const uint16_t* p) {  // 8 bfloat16 widened to float32, exactly
+    uint32_t u[8];
+    for (int j = 0; j < 8; ++j) u[j] = (uint32_t)p[j] << 16;
+    v8 v;
+    std::memcpy(&v, u, sizeof(v));
     return v;
 }
 
@@ -99,14 +111,14 @@ constexpr long MAX_DH = 128;  // head_dim up to 128, a multiple of 8 (cpu_attent
 // arithmetic is the same sequence whatever R is: the tiling changes what is read together, not a
 // bit of the result. CHUNKS and R are template parameters, so that accumulators stay in registers
 // (with a runtime head_dim they spilled to the stack, which was 3x slower).
-template <long CHUNKS, int R>
-static void attend(const float* q, long q_head, const float* kc, const float* vc, const long* table,
+template <typename T, long CHUNKS, int R>
+static void attend(const float* q, long q_head, const T* kc, const T* vc, const long* table,
                    long block_size, long row_stride, long n, float scale, float* scores, long ld_scores,
                    float* out) {
     float m[R];
     for (int r = 0; r < R; ++r) m[r] = -INFINITY;
     for (long s0 = 0, blk = 0; s0 < n; s0 += block_size, ++blk) {
-        const float* k = kc + table[blk] * block_size * row_stride;
+        const T* k = kc + table[blk] * block_size * row_stride;
         const long end = n - s0 < block_size ? n - s0 : block_size;
         for (long o = 0; o < end; ++o, k += row_stride) {  // R independent chains per key
             v8 a[R];
@@ -143,7 +155,7 @@ static void attend(const float* q, long q_head, const float* kc, const float* vc
         for (int r = 0; r < R; ++r)
             for (long c = 0; c < CH; ++c) acc[r][c] = v8{0, 0, 0, 0, 0, 0, 0, 0};
         for (long s0 = 0, blk = 0; s0 < n; s0 += block_size, ++blk) {
-            const float* v = vc + table[blk] * block_size * row_stride + 8 * c0;
+            const T* v = vc + table[blk] * block_size * row_stride + 8 * c0;
             const long end = n - s0 < block_size ? n - s0 : block_size;
             for (long o = 0; o < end; ++o, v += row_stride) {
                 v8 p[R];
@@ -161,35 +173,35 @@ static void attend(const float* q, long q_head, const float* kc, const float* vc
     }
 }
 
-typedef void (*attend_t)(const float*, long, const float*, const float*, const long*, long, long, long, float,
-                         float*, long, float*);
+template <typename T>
+using attend_t = void (*)(const float*, long, const T*, const T*, const long*, long, long, long, float, float*, long,
+                          float*);
 
 constexpr int MAX_R = 4;  // query heads per tile
 
-template <long C>
-static attend_t pick(long chunks, int r) {  // attend<chunks, r> for head_dim 8..256, 1..MAX_R heads
+template <typename T, long C>
+static attend_t<T> pick(long chunks, int r) {  // attend<T, chunks, r> for head_dim 8..MAX_DH, 1..MAX_R heads
     if constexpr (C > 1) {
-        if (chunks < C) return pick<C - 1>(chunks, r);
+        if (chunks < C) return pick<T, C - 1>(chunks, r);
     }
     switch (r) {
-        case 4: return attend<C, 4>;
-        case 3: return attend<C, 3>;
-        case 2: return attend<C, 2>;
-        default: return attend<C, 1>;
+        case 4: return attend<T, C, 4>;
+        case 3: return attend<T, C, 3>;
+        case 2: return attend<T, C, 2>;
+        default: return attend<T, C, 1>;
     }
 }
 
-extern "C" {
-
-// q: (N, H, Dh) with row strides (q_tok, q_head); out: (N, H, Dh) contiguous. tables: (B, bt_stride)
-// int64 block ids; qsl: (B + 1) int64 query offsets; positions: (N) int64; the caches hold
-// num_blocks blocks. Returns 0, or 1 when a position needs a block its table does not hold (a
-// padding -1, an id past the pool, or past the table's width), before anything is read; the
-// caller raises.
-int speclab_paged_attention(const float* q, long q_tok, long q_head, const float* k_cache, const float* v_cache,
-                            long num_blocks, const long* tables, long bt_stride, const long* qsl,
-                            const long* positions, float* out, long B, long H, long Hkv, long Dh, long block_size,
-                            float scale) {
+// q: (N, H, Dh) float32 with row strides (q_tok, q_head); out: (N, H, Dh) float32, contiguous.
+// tables: (B, bt_stride) int64 block ids; qsl: (B + 1) int64 query offsets; positions: (N) int64;
+// the caches hold num_blocks blocks of T (float, or bfloat16's bits). Returns 0, or 1 when a
+// position needs a block its table does not hold (a padding -1, an id past the pool, or past the
+// table's width), before anything is read; the caller raises.
+template <typename T>
+static int paged_attention(const float* q, long q_tok, long q_head, const T* k_cache, const T* v_cache,
+                           long num_blocks, const long* tables, long bt_stride, const long* qsl,
+                           const long* positions, float* out, long B, long H, long Hkv, long Dh, long block_size,
+                           float scale) {
     const long group = H / Hkv, row_stride = Hkv * Dh;
     // a group's heads in tiles of at most MAX_R, as even as possible (9 heads: 3 + 3 + 3)
     const long tiles = (group + MAX_R - 1) / MAX_R, tile = (group + tiles - 1) / tiles;
@@ -211,13 +223,32 @@ int speclab_paged_attention(const float* q, long q_tok, long q_head, const float
             const long n = positions[i] + 1;  // slots 0..t
             for (long h = 0; h < H; h += tile) {
                 const long g = h / group, r = (g + 1) * group - h < tile ? (g + 1) * group - h : tile;
-                pick<MAX_DH / 8>(Dh / 8, (int)r)(q + i * q_tok + h * q_head, q_head, k_cache + g * Dh, v_cache + g * Dh,
+                pick<T, MAX_DH / 8>(Dh / 8, (int)r)(q + i * q_tok + h * q_head, q_head, k_cache + g * Dh, v_cache + g * Dh,
                                                   table, block_size, row_stride, n, scale, scores.data(), ld_scores,
                                                   out + (i * H + h) * Dh);
             }
         }
     }
     return 0;
+}
+
+extern "C" {
+
+int speclab_paged_attention(const float* q, long q_tok, long q_head, const float* k_cache, const float* v_cache,
+                            long num_blocks, const long* tables, long bt_stride, const long* qsl,
+                            const long* positions, float* out, long B, long H, long Hkv, long Dh, long block_size,
+                            float scale) {
+    return paged_attention<float>(q, q_tok, q_head, k_cache, v_cache, num_blocks, tables, bt_stride, qsl, positions,
+                                  out, B, H, Hkv, Dh, block_size, scale);
+}
+
+// the same with bfloat16 caches (their raw 16-bit patterns)
+int speclab_paged_attention_bf16(const float* q, long q_tok, long q_head, const uint16_t* k_cache,
+                                 const uint16_t* v_cache, long num_blocks, const long* tables, long bt_stride,
+                                 const long* qsl, const long* positions, float* out, long B, long H, long Hkv,
+                                 long Dh, long block_size, float scale) {
+    return paged_attention<uint16_t>(q, q_tok, q_head, k_cache, v_cache, num_blocks, tables, bt_stride, qsl,
+                                     positions, out, B, H, Hkv, Dh, block_size, scale);
 }
 
 }  // extern "C"

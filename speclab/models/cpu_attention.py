@@ -12,9 +12,16 @@ It also gives a token's attention the same bits whatever else is in the forward 
 how): with `cpu_gemm`'s projections, a token's hidden state in a one-token decode step and in a
 k + 1 token verify step differ only where the number of rows moves a projection off the kernel.
 
-Where it runs: float32 on a CPU, one torch thread (the kernel is single-threaded; with more threads
-SDPA uses them all), a head_dim that is a multiple of 8 up to 128, causal batches (a tree of drafts,
-lesson 10, takes the torch path with its mask). Built like `cpu_gemm` (`speclab.models.native`);
+In bfloat16 the kernel reads the bf16 cache as it is (widening each key and value to float32 as it
+loads it), computes in float32 as it does for a float32 model, and the output is rounded to bf16
+once. That same-bits property matters most there: torch's bf16 SDPA over the padded rectangle
+rounded a token's attention differently in a decode step and in a verify step on a 2-core Intel
+Xeon with AMX (2026-12-02), enough for the distilled draft's greedy speculation to change a
+SmolLM2 answer at its 15th token (tests/test_10_smollm2_spec.py); with the kernel it does not.
+
+Where it runs: float32 or bfloat16 on a CPU, one torch thread (the kernel is single-threaded; with
+more threads SDPA uses them all), a head_dim that is a multiple of 8 up to 128, causal batches (a
+tree of drafts, lesson 10, takes the torch path with its mask). Built like `cpu_gemm` (`speclab.models.native`);
 SPECLAB_CPU_ATTENTION=0 turns it off, and without a compiler `available()` is False (cpu_gemm's
 warning already says so) and attention takes the torch path.
 """
@@ -31,7 +38,8 @@ from speclab.models import native
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
 MAX_HEAD_DIM = 128  # as cpu_attention.cpp's MAX_DH (each head_dim up to it is compiled: a build of several seconds)
 
-_fn = None   # the loaded function, False once loading failed
+DTYPES = (torch.float32, torch.bfloat16)  # the caches' dtypes the kernel reads
+_fn = None   # {cache dtype: the loaded function}, False once loading failed
 _why = ""
 
 
@@ -39,10 +47,13 @@ def _load():
     global _fn, _why
     if _fn is None:
         p, n = ctypes.c_void_p, ctypes.c_long
-        fn, _why = native.load(SOURCE, "speclab_paged_attention",
-                               [p, n, n, p, p, n, p, n, p, p, p, n, n, n, n, n, ctypes.c_float], ctypes.c_int,
-                               "SPECLAB_CPU_ATTENTION")
-        _fn = fn or False
+        args = [p, n, n, p, p, n, p, n, p, p, p, n, n, n, n, n, ctypes.c_float]
+        fns = {}
+        for dtype, symbol in zip(DTYPES, ("speclab_paged_attention", "speclab_paged_attention_bf16")):
+            fns[dtype], _why = native.load(SOURCE, symbol, args, ctypes.c_int, "SPECLAB_CPU_ATTENTION")
+            if fns[dtype] is None:
+                break
+        _fn = fns if all(fns.get(d) for d in DTYPES) else False
     return _fn
 
 
@@ -60,7 +71,7 @@ def why_unavailable() -> str:
 def applies(q: torch.Tensor, k_cache: torch.Tensor, tree_masks) -> bool:
     """Whether the kernel takes this attention call (the module docstring's conditions)."""
     Dh = q.shape[-1]
-    return (q.device.type == "cpu" and q.dtype == k_cache.dtype == torch.float32 and not tree_masks
+    return (q.device.type == "cpu" and q.dtype == k_cache.dtype and q.dtype in DTYPES and not tree_masks
             and Dh % 8 == 0 and Dh <= MAX_HEAD_DIM and q.stride(-1) == 1 and k_cache.is_contiguous()
             and torch.get_num_threads() == 1 and available())
 
@@ -70,20 +81,27 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """Causal attention of N flattened tokens over their requests' paged caches.
 
     Args:
-        q: (N, H, Dh) float32, last dimension contiguous (a view into the fused qkv is fine).
-        k_cache, v_cache: (num_blocks, block_size, Hkv, Dh) float32, contiguous.
+        q: (N, H, Dh) float32 or bfloat16 (the caches' dtype), last dimension contiguous (a view
+            into the fused qkv is fine).
+        k_cache, v_cache: (num_blocks, block_size, Hkv, Dh) float32 or bfloat16, contiguous.
         positions: (N,) int64, each token's position (it sees its request's slots 0..position).
         query_start_loc: (B + 1,) int64; block_tables: (B, width) int64, contiguous.
     Returns:
-        (N, H, Dh) float32.
+        (N, H, Dh) in q's dtype (computed in float32; a bfloat16 result is rounded once at the end).
     """
     N, H, Dh = q.shape
     num_blocks, block_size, Hkv, _ = k_cache.shape
     if H % Hkv:
         raise ValueError(f"{H} query heads do not share {Hkv} key/value heads evenly")
-    fn = _fn or _load()
-    if not fn:
+    fns = _fn or _load()
+    if not fns:
         raise RuntimeError(f"speclab's CPU attention kernel is not available: {_why}")
+    if k_cache.dtype not in fns or q.dtype != k_cache.dtype or v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"q {q.dtype} and the caches {k_cache.dtype}/{v_cache.dtype} must share one dtype of "
+                         f"{[str(d) for d in DTYPES]}: use llama.paged_attention, which falls back to torch")
+    fn, dtype = fns[k_cache.dtype], q.dtype
+    if dtype != torch.float32:
+        q = q.float()  # (a copy of N * H * Dh floats: small beside the cache it reads)
     out = torch.empty(N, H, Dh, dtype=torch.float32)
     failed = fn(q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(), num_blocks,
                 block_tables.data_ptr(), block_tables.shape[1], query_start_loc.data_ptr(), positions.data_ptr(),
@@ -91,4 +109,4 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if failed:
         raise ValueError("a token's position reaches a cache block its request's block table does not hold "
                          "(a -1 or an id outside the pool): the scheduler must allocate slots before the forward")
-    return out
+    return out if dtype == torch.float32 else out.to(dtype)
