@@ -200,7 +200,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
     """Causal attention of a flattened ragged batch over each request's paged cache, in one call.
 
-    Query i of request b (at position t) sees keys 0..t of its own cache. On a CPU in float32 with
+    Query i of request b (at position t) sees keys 0..t of its own cache. On a CPU in float32 or bf16 with
     one thread, a causal batch takes speclab's kernel (speclab.models.cpu_attention), which reads
     each token's slots in place. Otherwise (a tree of drafts, another dtype or device, more threads)
     the B requests are padded to a rectangle: queries (B, Qmax), keys and values gathered through
