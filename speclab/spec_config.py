@@ -49,6 +49,10 @@ class SpeculativeConfig:
         prompt_lookup_max, prompt_lookup_min: n-gram sizes (ngram); one set copies to the other.
         draft_sample_method: "greedy" (argmax drafts, q treated as one-hot, vLLM's default) or
             "probabilistic" (drafts sampled from q, q kept for verification: higher acceptance at T > 0).
+        draft_vocab_size: speclab's key (draft_model only): the draft scores only the target's
+            draft_vocab_size most frequent tokens, from the ranking shipped beside the draft (FR-Spec;
+            speclab.models.draft_vocab): a cheaper draft, still exact. None: the whole vocabulary.
+            (A head declares its own in its config.json, as EAGLE-3's do in vLLM.)
         num_speculative_tokens_per_batch_size: vLLM's dynamic k: [[start, end, k], ...] (or speclab's {"start-end": k}),
             inclusive ranges, 0 = off; normalized to a sorted list of (start, end, k).
         adaptive: speclab's adaptive k (0..num_speculative_tokens) from live acceptance and costs.
@@ -71,6 +75,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int | None = None
     prompt_lookup_min: int | None = None
     draft_sample_method: str = "greedy"
+    draft_vocab_size: int | None = None
     num_speculative_tokens_per_batch_size: dict | list | None = None
     adaptive: bool = False
     rejection_sample_method: str = "standard"
@@ -129,6 +134,7 @@ class SpeculativeConfig:
             raise ValueError(f"draft_sample_method must be one of {DRAFT_SAMPLE_METHODS}, got {self.draft_sample_method!r}")
         self._validate_dynamic()
         self._validate_tree()
+        self._validate_draft_vocab()
         if self.method == "ngram":
             self._validate_ngram()
         elif self.method == "suffix":
@@ -171,6 +177,16 @@ class SpeculativeConfig:
         if self.draft_sample_method != "greedy":
             raise ValueError("a tree's children are the drafter's top-k: draft_sample_method must be 'greedy' "
                              "(verification still samples exactly at any temperature)")
+
+    def _validate_draft_vocab(self) -> None:
+        v = self.draft_vocab_size
+        if v is None:
+            return
+        if self.method != "draft_model":
+            raise ValueError(f"draft_vocab_size is a draft model's key (method 'draft_model'), not {self.method!r}'s: "
+                             f"a head declares its reduced vocabulary in its own config.json")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"draft_vocab_size must be a positive integer (tokens the draft scores), got {v!r}")
 
     def _validate_suffix(self) -> None:
         if self.model is not None:

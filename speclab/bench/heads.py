@@ -1,8 +1,9 @@
 """`python -m speclab.bench heads [--json PATH]`: every proposer side by side at batch 1 (lessons 08, 10).
 
 For each prompt set and temperature: plain decoding, n-gram, the draft model (`draft`, or
-`smollm2-draft` for SmolLM2) and the heads (EAGLE, EAGLE-3-style, Medusa, MTP on the embedded
-target; EAGLE on SmolLM2), and EAGLE's trees (lesson 10): a static `speculative_token_tree` and an
+`smollm2-draft` for SmolLM2, which also runs over the 8192 tokens the target writes most:
+`draft_vocab_size`, speclab.models.draft_vocab), the heads (EAGLE, EAGLE-3-style, Medusa, MTP on
+the embedded target; EAGLE on SmolLM2), and EAGLE's trees (lesson 10): a static `speculative_token_tree` and an
 EAGLE-2 dynamic tree with as many nodes as the chain has drafts, so chain and trees verify the same
 number of tokens per step. Every row is one LLM; the rows share the target's weights
 (`speclab.llm.shared_weights`). `--repeats` interleaved rounds: in each round every row runs every
@@ -46,6 +47,7 @@ EMBEDDED_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "medusa", "mtp")
 # The head is right at position 1 about half the time and rarely after: width pays, depth does not.
 STATIC_TREES = {3: "[(0,), (1,), (2,)]", 4: "[(0,), (1,), (2,), (0, 0)]",
                 6: "[(0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0)]"}
+DRAFT_VOCAB = 8192  # the reduced draft row's draft_vocab_size (as the EAGLE head's d2t)
 
 
 @dataclass
@@ -65,6 +67,9 @@ def rows_for(real: bool, k: int, temperature: float, draft: str, methods=None) -
                                    "prompt_lookup_min": 1}),
             Row("draft_model", k, None, {"method": "draft_model", "model": draft, "num_speculative_tokens": k,
                                          "draft_sample_method": sample})]
+    if real:  # the same draft over the target's 8192 most written tokens (FR-Spec; speclab.models.draft_vocab)
+        rows.append(Row("draft_model", k, None, {"method": "draft_model", "model": draft, "num_speculative_tokens": k,
+                                                 "draft_sample_method": sample, "draft_vocab_size": DRAFT_VOCAB}))
     heads = ("eagle",) if real else EMBEDDED_METHODS[2:]
     rows += [Row(m, k, None, {"method": m, "num_speculative_tokens": k, "draft_sample_method": sample}) for m in heads]
     if k in STATIC_TREES:  # the trees draft their top-k children (greedy drafts) at every temperature
@@ -182,7 +187,9 @@ def report_row(r: Row, kind: str, temperature: float, cell: dict, plain: dict, v
     c = cell["propose_s"] / max(cell["proposed"], 1) / statistics.median(base) if spec else 0.0
     tau = 1 + cell["accepted"] / drafts if spec else 1.0
     identical = cell["outputs"] == plain["outputs"] if temperature == 0 else None
+    vocab = (r.spec or {}).get("draft_vocab_size")
     row = {"set": kind, "temperature": temperature, "method": r.method, "k": r.k, "tree": r.tree,
+           "draft_vocab_size": vocab,
            "tok_per_s": 1 / statistics.median(per_token), "speedup": statistics.median(ratios),
            "speedup_range": [min(ratios), max(ratios)],
            "acceptance_rate": cell["accepted"] / max(cell["drafted"], 1) if spec else None,
@@ -192,7 +199,7 @@ def report_row(r: Row, kind: str, temperature: float, cell: dict, plain: dict, v
     per_pos = " ".join(f"{a:.2f}" for a in row["acceptance_per_position"][:r.k])
     speed = f"{row['speedup']:.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
     same = "" if identical is None else ("yes" if identical else "NO")
-    label = (r.tree or "chain") if spec else ""
+    label = (r.tree or ("chain" + (f", vocab {vocab}" if vocab else ""))) if spec else ""
     print(f"{kind:<8}{temperature:>3g} {r.method:<12}{label:<34}{row['tok_per_s']:>7.1f}{speed:>20}"
           f"{row['predicted_speedup']:>6.2f}x{c:>7.3f}{(row['acceptance_rate'] or 0):>6.2f}{tau:>6.2f} {same:>5}  "
           f"{per_pos}", flush=True)

@@ -6,6 +6,8 @@ embeddings frozen (and tied), so only its own weights ship, in `speclab/checkpoi
 
     config.json          the draft's Hugging Face LlamaConfig (4 layers, otherwise the target's)
     layers.safetensors   its decoder layers and final norm, float16 (about 28 MB)
+    token_ranking.json   the vocabulary, most often written first, for `draft_vocab_size`
+                         (speclab/models/draft_vocab.py; built by speclab/train/draft_vocab.py)
     MANIFEST.json        how it was trained and how well it drafts (see speclab/train/smollm2_draft.py)
 
 `draft_dir()` materializes a complete Hugging Face Llama directory in the cache on first use:
@@ -25,19 +27,23 @@ from pathlib import Path
 
 import torch
 
+from speclab.models.draft_vocab import RANKING_FILE as RANKING  # copied into the draft's directory when shipped
+
 NAMES = ("smollm2-draft",)            # what `hub.resolve` maps to draft_dir()
 SHIPPED = Path(__file__).resolve().parent.parent / "checkpoints" / "smollm2-draft"
 WEIGHTS = "layers.safetensors"
 CACHE_PREFIX = "smollm2-draft"
-FORMAT = 1                            # bump when materialization changes
+FORMAT = 2                            # bump when materialization changes (2: the token ranking)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
 def shipped_sha256() -> str:
     """sha256 of the shipped weights and config (a new training run gives a new cache directory)."""
     h = hashlib.sha256()
-    for name in ("config.json", WEIGHTS):
+    for name in ("config.json", WEIGHTS, RANKING):
         path = SHIPPED / name
+        if name == RANKING and not path.is_file():
+            continue  # optional: only draft_vocab_size needs it
         if not path.is_file():
             raise FileNotFoundError(f"the SmolLM2 draft is not shipped in this checkout ({path} is missing): "
                                     f"train it with `python -m speclab.train.smollm2_draft`")
@@ -88,6 +94,8 @@ def materialize(shipped: Path, target: Path, out: Path, sha: str | None = None) 
     for name in ("generation_config.json", *TOKENIZER_FILES):
         if (target / name).is_file():
             shutil.copy(target / name, out / name)
+    if (shipped / RANKING).is_file():
+        shutil.copy(shipped / RANKING, out / RANKING)
     manifest = {"format": FORMAT, "shipped_sha256": sha or shipped_sha256(),
                 "about": "materialized by speclab.models.smollm2_draft: shipped layers + the target's embeddings",
                 "shipped": str(shipped), "target": str(target)}

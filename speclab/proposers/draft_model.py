@@ -17,6 +17,10 @@ sampled from q ("probabilistic", q kept for verification: more accepted tokens a
 A seeded request's drafts are sampled with the same position-keyed noise the runner samples the
 target with (Gumbel coupling; see model_runner.py). All are exact. Requests are drafted together,
 one batched forward per draft position.
+
+With `draft_vocab_size` (speclab's key; FR-Spec, speclab/models/draft_vocab.py) the draft scores only
+the target's most frequent tokens: q is the softmax over them (0 elsewhere), the same q drafts and
+verifies, so the output stays exact and only the LM head's share of the draft's cost shrinks.
 """
 
 import math
@@ -28,6 +32,7 @@ from speclab.engine.proposer import (SAMPLE_METHODS, Proposal, Proposer, Propose
                                      check_sample_method, draft_tokens)
 from speclab.engine.request import Request
 from speclab.kv_cache import KVCacheManager, NoFreeBlocksError
+from speclab.models.draft_vocab import ReducedLMHead, kept_tokens, load_ranking
 from speclab.models.hub import check_pair, model_directory
 from speclab.models.llama import LlamaForCausalLM, load_llama
 from speclab.proposers.tree_drafting import TreeShape, check_tree, draft_trees, tree_mask
@@ -44,16 +49,20 @@ class DraftModelProposer(Proposer):
         generator: the stream for requests without a seed; None (the default): the engine's own
             stream, shared with verification. (Two generators seeded alike would correlate the draft's
             samples with the verifier's uniforms and bias the output.)
+        tree: a draft tree's shape (lesson 10), or None for a chain.
+        d2t: (V_draft,) sorted token ids the draft scores (a reduced draft vocabulary,
+            speclab.models.draft_vocab), or None for the whole vocabulary.
     """
 
     def __init__(self, model: LlamaForCausalLM, num_speculative_tokens: int, *, num_kv_blocks: int,
                  block_size: int, sample_method: str = "greedy", generator: torch.Generator | None = None,
-                 tree: TreeShape | None = None):
+                 tree: TreeShape | None = None, d2t: torch.Tensor | None = None):
         check_sample_method(sample_method)
         check_k(num_speculative_tokens)
         check_tree(tree, num_speculative_tokens, sample_method)
         self.tree = tree
         self.model = model
+        self.logits = model.compute_logits if d2t is None else ReducedLMHead(model.lm_head.weight, d2t)
         self.num_speculative_tokens = num_speculative_tokens
         self.kv = KVCacheManager(num_kv_blocks, block_size)
         self.caches = model.allocate_kv_cache(num_kv_blocks, block_size)
@@ -134,9 +143,9 @@ class DraftModelProposer(Proposer):
         input_ids, meta = flatten(self.kv, [(r.request_id, *rest) for r, *rest in chunks], self.device)
         hidden, _ = self.model(input_ids, meta, self.caches)
         if every_row:
-            return self.model.compute_logits(hidden)
+            return self.logits(hidden)
         last = torch.tensor(meta.query_start_loc[1:], device=self.device) - 1
-        return self.model.compute_logits(hidden.index_select(0, last))
+        return self.logits(hidden.index_select(0, last))
 
     def _draft_one(self, r: Request, logits: torch.Tensor, position: int) -> tuple[int, torch.Tensor | None]:
         """The draft token for output position `position` from one row of logits, and its q row when
@@ -160,25 +169,28 @@ def _tokens_and_tree(grown) -> tuple:
     return tokens, None, tree  # children are top-k: point masses, no q
 
 
-def load_draft(name, context: ProposerContext) -> LlamaForCausalLM:
-    """The draft model, refused unless it shares the target's vocabulary and tokenizer and covers its context."""
+def load_draft(name, context: ProposerContext, draft_vocab_size: int | None = None):
+    """The draft model, refused unless it shares the target's vocabulary and tokenizer and covers its
+    context, and its kept tokens (d2t) when draft_vocab_size is set (else None)."""
     from transformers import AutoTokenizer
 
     path = model_directory(name)
     draft = load_llama(path, dtype=context.dtype, device=context.device)
+    d2t = None if draft_vocab_size is None else kept_tokens(load_ranking(path, draft.config.vocab_size), draft_vocab_size)
     draft_tok = AutoTokenizer.from_pretrained(str(path)) if (path / "tokenizer.json").exists() else None
     check_pair(context.target, draft, context.tokenizer, draft_tok)
     if draft.config.max_position_embeddings < context.target.config.max_position_embeddings:
         raise ValueError(f"draft max_position_embeddings={draft.config.max_position_embeddings} < target's "
                          f"{context.target.config.max_position_embeddings}: the draft must cover the target's context")
-    return draft
+    return draft, d2t
 
 
 def from_config(spec, context: ProposerContext) -> DraftModelProposer:
     """`method: "draft_model"` (the registry's constructor): the draft, with a pool as large as the target's."""
     k, tree = spec.num_speculative_tokens, TreeShape.from_config(spec)
     slots = max(k, tree.max_run) if tree else k
+    draft, d2t = load_draft(spec.model, context, spec.draft_vocab_size)
     return DraftModelProposer(
-        load_draft(spec.model, context), k, block_size=context.block_size, sample_method=spec.draft_sample_method,
+        draft, k, block_size=context.block_size, sample_method=spec.draft_sample_method,
         num_kv_blocks=DraftModelProposer.pool_blocks(context.num_kv_blocks, context.max_num_seqs, slots,
-                                                     context.block_size), tree=tree)
+                                                     context.block_size), tree=tree, d2t=d2t)

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from speclab.models.draft_vocab import scatter_to_vocab
 from speclab.models.heads.config import HeadConfig
 from speclab.models.llama import DecoderLayer, LlamaConfig, kv_zeros, rope_tables, rotate
 
@@ -75,8 +76,7 @@ class EagleHead(nn.Module):
         if not self.cfg.draft_vocab_size:
             return self.target.lm_head(h).float()
         sub = F.linear(h, self.draft_head_weight()).float()  # (N, V_draft)
-        out = sub.new_full((h.shape[0], self.cfg.target["vocab_size"]), float("-inf"))
-        return out.index_copy_(1, self.d2t, sub)
+        return scatter_to_vocab(sub, self.d2t, self.cfg.target["vocab_size"])
 
     def draft_head_weight(self) -> torch.Tensor:
         """The LM head's rows of the draft vocabulary, (V_draft, d). Drafting reuses one copy (the
