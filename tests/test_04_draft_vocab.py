@@ -210,7 +210,8 @@ def test_the_shipped_ranking_is_a_permutation_with_its_record():
 
 
 def test_bench_heads_runs_the_smollm2_draft_over_the_reduced_vocabulary_too():
-    from speclab.bench.heads import DRAFT_VOCAB, rows_for
+    from speclab.bench.heads import rows_for
+    from speclab.models.smollm2_draft import DRAFT_VOCAB
     drafts = [r.spec for r in rows_for(True, 4, 0.0, "smollm2-draft") if r.method == "draft_model"]
     assert [s.get("draft_vocab_size") for s in drafts] == [None, DRAFT_VOCAB]
     assert all(r.spec is None or "draft_vocab_size" not in r.spec for r in rows_for(False, 4, 0.0, "draft"))

@@ -24,7 +24,19 @@ def test_a_draft_that_resolves_to_a_directory_gets_a_row(monkeypatch):
     monkeypatch.setattr(demo, "DRAFT_NAME", str(checkpoint_dir("draft")))
     rows, _ = demo.real_methods()
     assert rows[1][1] == {"method": "draft_model", "model": str(checkpoint_dir("draft")),
-                          "num_speculative_tokens": demo.REAL_DRAFT_K}
+                          "num_speculative_tokens": demo.REAL_DRAFT_K}  # no token ranking: the whole vocabulary
+
+
+def test_the_smollm2_draft_row_scores_the_reduced_vocabulary_where_its_ranking_ships(monkeypatch, tmp_path):
+    import shutil
+
+    from speclab.models.draft_vocab import RANKING_FILE
+    from speclab.models.hub import checkpoint_dir
+    shutil.copytree(checkpoint_dir("draft"), tmp_path / "d")
+    (tmp_path / "d" / RANKING_FILE).write_text("{}")
+    monkeypatch.setattr(demo, "DRAFT_NAME", str(tmp_path / "d"))
+    rows, _ = demo.real_methods()
+    assert rows[1][1]["draft_vocab_size"] == demo.smollm2_draft.DRAFT_VOCAB
 
 
 @pytest.mark.parametrize("config", [None, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,

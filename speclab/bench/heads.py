@@ -35,6 +35,7 @@ import torch
 from speclab.data.chat_prompts import load_chat_prompts
 from speclab.data.prompts import load_prompts
 from speclab.llm import LLM, shared_weights
+from speclab.models.smollm2_draft import DRAFT_VOCAB
 from speclab.sampling_params import SamplingParams
 from speclab.timing import forward_seconds, machine_info, timed, wrap_timed
 
@@ -47,7 +48,6 @@ EMBEDDED_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "medusa", "mtp")
 # The head is right at position 1 about half the time and rarely after: width pays, depth does not.
 STATIC_TREES = {3: "[(0,), (1,), (2,)]", 4: "[(0,), (1,), (2,), (0, 0)]",
                 6: "[(0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0)]"}
-DRAFT_VOCAB = 8192  # the reduced draft row's draft_vocab_size (as the EAGLE head's d2t)
 
 
 @dataclass

@@ -8,6 +8,8 @@ The real model SmolLM2-135M-Instruct (Q4_1-dequantized, float32) answers held-ou
 (one call). Methods: plain, n-gram (k=4, lookup 4/2), the distilled draft (`draft_model`, k=2) and the
 EAGLE head (k=2): speclab runs its own head; vLLM runs the approximate export of it
 (`speclab/export_vllm.py` says why no exact export exists; its row is labelled `eagle-approx`).
+`draft_vocab` is speclab alone: the same draft scoring only the target's 8192 most written tokens
+(`draft_vocab_size`, speclab.models.draft_vocab; vLLM has this for EAGLE-3 heads only).
 transformers runs plain decoding at both batches, prompt lookup and assisted generation with the same
 draft at batch 1 (its generate supports them only there; it reports no acceptance).
 
@@ -42,6 +44,7 @@ from pathlib import Path
 import torch
 
 from speclab.metrics import Counter, Vector, spec_decode_counters
+from speclab.models.smollm2_draft import DRAFT_VOCAB
 from speclab.timing import machine_info
 from speclab.vllm_venv import run_in_vllm, skip_reason
 
@@ -149,6 +152,8 @@ def prefix_caching(method: str, args) -> bool:
 def speclab_config(method):
     return {"none": None, "ngram": NGRAM,
             "draft_model": {"method": "draft_model", "model": "smollm2-draft", "num_speculative_tokens": 2},
+            "draft_vocab": {"method": "draft_model", "model": "smollm2-draft", "num_speculative_tokens": 2,
+                            "draft_vocab_size": DRAFT_VOCAB},
             "eagle": {"method": "eagle", "model": "eagle-smollm2", "num_speculative_tokens": 2}}[method]
 
 
@@ -274,8 +279,8 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--per-set", type=int, default=2, help="held-out chats per set (4 sets; default 2 = 8 prompts)")
-    ap.add_argument("--methods", nargs="+", default=["none", "ngram", "draft_model", "eagle"],
-                    choices=["none", "ngram", "draft_model", "eagle"])
+    ap.add_argument("--methods", nargs="+", default=["none", "ngram", "draft_model", "draft_vocab", "eagle"],
+                    choices=["none", "ngram", "draft_model", "draft_vocab", "eagle"])
     ap.add_argument("--engines", nargs="+", default=["speclab", "vllm", "transformers"],
                     choices=["speclab", "vllm", "transformers"])
     ap.add_argument("--compile", action="store_true", help="let vLLM compile (minutes per configuration)")

@@ -78,7 +78,8 @@ class ReducedLMHead:
     def __init__(self, lm_head_weight: torch.Tensor, d2t: torch.Tensor):
         self.vocab_size = lm_head_weight.shape[0]
         self.d2t = d2t.to(lm_head_weight.device)
-        self.head = PackedLinear(lm_head_weight.detach().index_select(0, self.d2t).contiguous())
+        with torch.inference_mode(False):  # an ordinary tensor, whatever the caller's mode: PackedLinear tracks its version
+            self.head = PackedLinear(lm_head_weight.detach().index_select(0, self.d2t).contiguous())
 
     @torch.inference_mode()
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:

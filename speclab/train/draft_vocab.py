@@ -64,7 +64,7 @@ def build(out_dir: Path, answers: int | None = None, log=print) -> dict:
     from speclab.train.teacher import load_teacher_data, teacher_manifest
 
     t0 = time.perf_counter()
-    data = load_teacher_data()
+    data, tman = load_teacher_data(), teacher_manifest()
     if answers is not None:
         data = {k: v[:answers] for k, v in data.items()}
     split = [_is_val(i) for i in data["ids"]]
@@ -82,7 +82,8 @@ def build(out_dir: Path, answers: int | None = None, log=print) -> dict:
     record = {
         "file": RANKING_FILE, "score": "expected count in the target's own answers: sum over answer positions of "
                                        "p(v | context), SmolLM2-135M-Instruct (float32, transformers' forward)",
-        "data": {"teacher": teacher_manifest().get("name"), "answers": len(rows), "train_answers": len(train),
+        "data": {"teacher": tman.get("name"), "teacher_command": tman.get("command"),
+                 "teacher_counts": tman.get("counts"), "answers": len(rows), "train_answers": len(train),
                  "train_positions": sum(len(ids) - s for ids, s in train), "heldout_answers": len(val),
                  "heldout_positions": sum(len(ids) - s for ids, s in val)},
         "heldout_coverage": {str(n): c for n, c in coverage(ranking, held).items()},
