@@ -21,7 +21,8 @@ from speclab.sampling_params import SamplingParams
 from speclab.spec_config import SpeculativeConfig
 from speclab.train.draft_vocab import coverage, ranking_from_scores, soft_counts
 from tests.helpers import run_engine
-from tests.test_06_spec_engine import N, PROMPT, SIGNIFICANCE, V, exact_joint, make_engine, pair, sample_joint  # noqa: F401
+from tests.test_06_spec_engine import (N, PROMPT, SIGNIFICANCE, V, exact_joint, make_engine, pair,  # noqa: F401
+                                       sample_joint)
 
 KEPT = torch.tensor([0, 2, 3, 5, 6])  # 5 of the 8 tokens
 

@@ -49,7 +49,8 @@ def load_ranking(directory: str | Path, vocab_size: int) -> torch.Tensor:
     try:
         ranking = torch.tensor(json.loads(path.read_text())["ranking"], dtype=torch.long)
     except (ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"{path}: not a token ranking ({err}): rebuild it with `python -m speclab.train.draft_vocab`") from err
+        raise ValueError(f"{path}: not a token ranking ({err}): rebuild it with "
+                         f"`python -m speclab.train.draft_vocab`") from err
     if ranking.shape != (vocab_size,) or not torch.equal(ranking.sort().values, torch.arange(vocab_size)):
         raise ValueError(f"{path}: 'ranking' must be a permutation of the draft's {vocab_size} token ids, got shape "
                          f"{tuple(ranking.shape)}: rebuild it with `python -m speclab.train.draft_vocab`")
@@ -78,7 +79,7 @@ class ReducedLMHead:
     def __init__(self, lm_head_weight: torch.Tensor, d2t: torch.Tensor):
         self.vocab_size = lm_head_weight.shape[0]
         self.d2t = d2t.to(lm_head_weight.device)
-        with torch.inference_mode(False):  # an ordinary tensor, whatever the caller's mode: PackedLinear tracks its version
+        with torch.inference_mode(False):  # an ordinary tensor in any mode: PackedLinear tracks its version
             self.head = PackedLinear(lm_head_weight.detach().index_select(0, self.d2t).contiguous())
 
     @torch.inference_mode()

@@ -176,7 +176,9 @@ def load_draft(name, context: ProposerContext, draft_vocab_size: int | None = No
 
     path = model_directory(name)
     draft = load_llama(path, dtype=context.dtype, device=context.device)
-    d2t = None if draft_vocab_size is None else kept_tokens(load_ranking(path, draft.config.vocab_size), draft_vocab_size)
+    d2t = None
+    if draft_vocab_size is not None:  # the first draft_vocab_size tokens of the ranking shipped beside the draft
+        d2t = kept_tokens(load_ranking(path, draft.config.vocab_size), draft_vocab_size)
     draft_tok = AutoTokenizer.from_pretrained(str(path)) if (path / "tokenizer.json").exists() else None
     check_pair(context.target, draft, context.tokenizer, draft_tok)
     if draft.config.max_position_embeddings < context.target.config.max_position_embeddings:
