@@ -213,3 +213,27 @@ def test_the_engine_refuses_too_few_lookahead_slots(tiny):
 def test_medusa_refuses_more_drafts_than_heads(tiny):
     with pytest.raises(ValueError, match="4 heads"):
         MedusaProposer(random_head(tiny, "medusa"), 5)
+
+
+@pytest.mark.parametrize("draft_vocab_size", [None, 20])
+def test_drafting_logits_are_the_training_logits(tiny, draft_vocab_size):
+    """While drafting (inference mode) the head's LM head and fc go through PackedLinear (speclab's
+    few-row kernel); training and evaluation keep F.linear. Both must compute the same function."""
+    torch.manual_seed(5)
+    head = build_head(new_config("eagle", tiny, draft_vocab_size=draft_vocab_size), tiny).eval()
+    if draft_vocab_size:
+        head.d2t.copy_(torch.randperm(V)[:draft_vocab_size].sort().values)
+    g = torch.randn(3, tiny.config.hidden_size)
+    with torch.no_grad():
+        plain = head.logits(g)
+    with torch.inference_mode():
+        head.prepare()
+        fast = head.logits(g)
+        fc = head.inputs(torch.tensor([1, 2, 3]), g)
+    torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fc, head.fc(torch.cat([tiny.model.embed_tokens(torch.tensor([1, 2, 3])), g], -1)).detach(),
+                               rtol=1e-5, atol=1e-5)
+    if draft_vocab_size:
+        outside = torch.ones(V, dtype=torch.bool)
+        outside[head.d2t] = False
+        assert torch.isneginf(fast[:, outside]).all() and torch.isfinite(fast[:, head.d2t]).all()

@@ -30,8 +30,8 @@ import torch
 from speclab.models.draft_vocab import RANKING_FILE as RANKING  # copied into the draft's directory when shipped
 
 DRAFT_VOCAB = 8192  # the draft_vocab_size the course runs this draft at (demo, bench heads, bench vs-vllm): on
-                   # 2026-12-02 (AMD EPYC) it cut c from 0.24-0.30 to 0.13-0.16 at the same acceptance (held-out
-                   # coverage 0.962 of the target's probability; the manifest's token_ranking)
+                   # 2026-12-02 (AMD EPYC, two bench heads runs) it cut c from 0.23-0.30 to 0.13-0.17 at the same
+                   # acceptance (held-out coverage 0.962 of the target's probability; the manifest's token_ranking)
 NAMES = ("smollm2-draft",)            # what `hub.resolve` maps to draft_dir()
 SHIPPED = Path(__file__).resolve().parent.parent / "checkpoints" / "smollm2-draft"
 WEIGHTS = "layers.safetensors"
@@ -41,7 +41,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def shipped_sha256() -> str:
-    """sha256 of the shipped weights and config (a new training run gives a new cache directory)."""
+    """sha256 of the shipped weights, config and token ranking (a new training run or ranking gives a new
+    cache directory)."""
     h = hashlib.sha256()
     for name in ("config.json", WEIGHTS, RANKING):
         path = SHIPPED / name
