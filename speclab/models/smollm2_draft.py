@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from speclab.models.draft_vocab import RANKING_FILE as RANKING  # copied into the draft's directory when shipped
+from speclab.models.draft_vocab import RANKING_FILE  # copied into the draft's directory when shipped
 
 DRAFT_VOCAB = 8192  # the draft_vocab_size the course runs this draft at (demo, bench heads, bench vs-vllm): on
                    # 2026-12-02 (AMD EPYC, two bench heads runs) it cut c from 0.23-0.30 to 0.13-0.17 at the same
@@ -44,9 +44,9 @@ def shipped_sha256() -> str:
     """sha256 of the shipped weights, config and token ranking (a new training run or ranking gives a new
     cache directory)."""
     h = hashlib.sha256()
-    for name in ("config.json", WEIGHTS, RANKING):
+    for name in ("config.json", WEIGHTS, RANKING_FILE):
         path = SHIPPED / name
-        if name == RANKING and not path.is_file():
+        if name == RANKING_FILE and not path.is_file():
             continue  # optional: only draft_vocab_size needs it
         if not path.is_file():
             raise FileNotFoundError(f"the SmolLM2 draft is not shipped in this checkout ({path} is missing): "
@@ -98,8 +98,8 @@ def materialize(shipped: Path, target: Path, out: Path, sha: str | None = None) 
     for name in ("generation_config.json", *TOKENIZER_FILES):
         if (target / name).is_file():
             shutil.copy(target / name, out / name)
-    if (shipped / RANKING).is_file():
-        shutil.copy(shipped / RANKING, out / RANKING)
+    if (shipped / RANKING_FILE).is_file():
+        shutil.copy(shipped / RANKING_FILE, out / RANKING_FILE)
     manifest = {"format": FORMAT, "shipped_sha256": sha or shipped_sha256(),
                 "about": "materialized by speclab.models.smollm2_draft: shipped layers + the target's embeddings",
                 "shipped": str(shipped), "target": str(target)}

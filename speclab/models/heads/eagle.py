@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from speclab.models.draft_vocab import scatter_to_vocab
+from speclab.models.draft_vocab import ReducedLMHead, scatter_to_vocab
 from speclab.models.heads.config import HeadConfig
 from speclab.models.llama import DecoderLayer, LlamaConfig, kv_zeros, rope_tables, rotate
 from speclab.models.packed_linear import PackedLinear
@@ -82,20 +82,21 @@ class EagleHead(nn.Module):
         drafting = torch.is_inference_mode_enabled() and h.dim() == 2
         if not self.cfg.draft_vocab_size:
             return self.target.compute_logits(h) if drafting else self.target.lm_head(h).float()
-        sub = self.draft_head()(h) if drafting else F.linear(h, self.target.lm_head.weight.index_select(0, self.d2t))
-        return scatter_to_vocab(sub.float(), self.d2t, self.cfg.target["vocab_size"])  # (N, V)
+        if drafting:
+            return self.draft_head()(h)
+        sub = F.linear(h, self.target.lm_head.weight.index_select(0, self.d2t)).float()  # (N, V_draft)
+        return scatter_to_vocab(sub, self.d2t, self.cfg.target["vocab_size"])  # (N, V)
 
-    def draft_head(self) -> PackedLinear:
-        """The LM head's rows of the draft vocabulary, (V_draft, d), for drafting. Made once and reused
-        (the gather moves V_draft x d weights, 19 MB for SmolLM2's 8192 tokens, on every chained step
-        otherwise), and made again when the LM head or d2t changes; training gathers afresh, since a
-        tensor made in inference mode cannot enter autograd."""
+    def draft_head(self) -> ReducedLMHead:
+        """The LM head over the draft vocabulary, for drafting (the draft model's `draft_vocab_size`
+        uses the same class). Made once and reused (the gather moves V_draft x d weights, 19 MB for
+        SmolLM2's 8192 tokens, on every chained step otherwise), and made again when the LM head or d2t
+        changes; training gathers afresh, since a tensor made in inference mode cannot enter autograd."""
         w = self.target.lm_head.weight
         key = (w, w._version, self.d2t._version)
         cached = self.__dict__.get("_draft_head")
         if cached is None or cached[0][0] is not w or cached[0][1:] != key[1:]:
-            with torch.inference_mode(False):  # an ordinary tensor: PackedLinear tracks its version
-                cached = self._draft_head = (key, PackedLinear(w.detach().index_select(0, self.d2t).contiguous()))
+            cached = self._draft_head = (key, ReducedLMHead(w, self.d2t))
         return cached[1]
 
     # ------------------------------------------------------------------------------------------
