@@ -52,6 +52,7 @@ from speclab.engine.batch import flatten
 from speclab.kv_cache import KVCacheManager
 from speclab.models.heads.eagle import ttt_mask
 from speclab.models.heads import HEADS_DIR, build_head, new_config, save_head
+from speclab.train.teacher import cpu_name
 
 DEFAULTS = {  # method -> (loss, training-time-test steps)
     "eagle": dict(ttt=1), "eagle3": dict(ttt=3), "mtp": dict(ttt=1), "medusa": dict(ttt=1),
@@ -153,8 +154,8 @@ def code_windows(tokenizer_dir, n_train: int, n_held: int, seq_len: int, seed: i
     files = collect()
     out = {}
     for split, n in (("train", n_train), ("heldout", n_held)):
-        ids = []
-        for enc in tok.encode_batch([f.text for f in files if f.split == split][::3]):
+        ids = []  # train: every module of the split (2.1M tokens); held out: every third, as since the first heads
+        for enc in tok.encode_batch([f.text for f in files if f.split == split][::1 if split == "train" else 3]):
             ids += enc.ids
         ids = np.asarray(ids)
         rng = np.random.default_rng(seed + (split == "heldout"))
@@ -163,42 +164,55 @@ def code_windows(tokenizer_dir, n_train: int, n_held: int, seq_len: int, seed: i
 
 
 def load_data(target_name: str, model, layers: tuple[int, ...], args) -> dict:
-    """{'train': [(tokens, hidden, loss_from)], 'heldout': [...], 'about': {...}}, cached on disk."""
-    key = f"{target_name}-L{'-'.join(map(str, layers))}-n{args.windows}-T{args.seq_len}"
-    if args.heldout_windows:
-        key += f"-h{args.heldout_windows}"
-    if target_name == "smollm2":  # the teacher data grows between runs: its size is part of the key
+    """{'train': [(tokens, hidden, loss_from)], 'heldout': [...], 'about': {...}}, cached on disk.
+
+    For smollm2 the two sources are cached apart, so that growing one (more teacher answers, more code
+    windows) does not recompute the other: the teacher answers first, then the code windows, in each split."""
+    L = "-".join(map(str, layers))
+    if target_name != "smollm2":
+        held = args.heldout_windows or max(16, args.windows // 12)
+        seqs, about = embedded_sequences(args.windows, held, args.seq_len)
+        plens = {k: [0] * len(v) for k, v in seqs.items()}
+        key = f"{target_name}-L{L}-n{args.windows}-T{args.seq_len}" + (f"-h{args.heldout_windows}" if args.heldout_windows else "")
+        data = {"about": {**about, "layers": list(layers)}}
+        for split in ("train", "heldout"):
+            hs = cached_hidden_states(model, seqs[split], layers, f"{key}.{split}")
+            data[split] = [(torch.tensor(s), h, pl) for s, h, pl in zip(seqs[split], hs, plens[split])]
+    else:  # its own answers, and code it reads (disjoint from the held-out chat sets)
+        from speclab.models.smollm2 import model_dir
         from speclab.train.teacher import teacher_manifest
-        key += f"-a{teacher_manifest()['counts']['answers']}"
+        seqs, plens, about = teacher_sequences()
+        held = args.heldout_windows or max(4, args.windows // 12)
+        code = code_windows(model_dir(), args.windows, held, args.seq_len)
+        about["code_windows"] = {"source": "stdlib corpus, train split (held-out modules for eval)",
+                                 "tokens_each": args.seq_len + 1, "train": args.windows, "heldout": held}
+        data = {"about": {**about, "layers": list(layers)}}
+        tkey = f"{target_name}-teacher-L{L}-a{teacher_manifest()['counts']['answers']}"
+        ckey = f"{target_name}-code-L{L}-n{args.windows}-T{args.seq_len}-h{held}"
+        for split in ("train", "heldout"):
+            hs = (cached_hidden_states(model, seqs[split], layers, f"{tkey}.{split}")
+                  + cached_hidden_states(model, code[split], layers, f"{ckey}.{split}"))
+            data[split] = [(torch.tensor(s), h, pl) for s, h, pl in
+                           zip(seqs[split] + code[split], hs, plens[split] + [0] * len(code[split]))]
+        data["about"]["answers_train"] = len(seqs["train"])  # data["train"][:answers_train]: the teacher's
+    data["about"]["tokens"] = {k: sum(len(s) for s, _, _ in data[k]) for k in ("train", "heldout")}
+    return data
+
+
+def cached_hidden_states(model, seqs: list[list[int]], layers: tuple[int, ...], key: str) -> list[torch.Tensor]:
+    """hidden_states of `seqs`, saved once as cache_dir()/KEY.pt (complete or absent) and read back
+    after; collected in resumable shards (sharded_hidden_states) under KEY.parts/."""
     path = cache_dir() / f"{key}.pt"
     if path.exists():
         return torch.load(path)
-    if target_name == "smollm2":  # its own answers, and code it reads (disjoint from the held-out chat sets)
-        from speclab.models.smollm2 import model_dir
-        seqs, plens, about = teacher_sequences()
-        code = code_windows(model_dir(), args.windows, args.heldout_windows or max(4, args.windows // 12), args.seq_len)
-        for split in ("train", "heldout"):
-            seqs[split] += code[split]
-            plens[split] += [0] * len(code[split])
-        about["code_windows"] = {"source": "stdlib corpus, train split (held-out modules for eval)",
-                                 "tokens_each": args.seq_len + 1, "train": args.windows, "heldout": len(code["heldout"])}
-    else:
-        seqs, about = embedded_sequences(args.windows, args.heldout_windows or max(16, args.windows // 12), args.seq_len)
-        plens = {k: [0] * len(v) for k, v in seqs.items()}
-    data = {"about": {**about, "layers": list(layers)}}
-    for split in ("train", "heldout"):
-        hs = sharded_hidden_states(model, seqs[split], layers, path.with_suffix(f".{split}.parts"))
-        data[split] = [(torch.tensor(s), h, pl) for s, h, pl in zip(seqs[split], hs, plens[split])]
-    data["about"]["tokens"] = {k: sum(len(s) for s, _, _ in data[k]) for k in ("train", "heldout")}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(data, path.with_suffix(".tmp"))
-    path.with_suffix(".tmp").rename(path)  # complete or absent
-    for split in ("train", "heldout"):
-        parts = path.with_suffix(f".{split}.parts")
-        for f in parts.glob("*.pt"):
-            f.unlink()
-        parts.rmdir()
-    return data
+    parts = cache_dir() / f"{key}.parts"
+    hs = sharded_hidden_states(model, seqs, layers, parts)
+    torch.save(hs, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").rename(path)
+    for f in parts.glob("*.pt"):
+        f.unlink()
+    parts.rmdir()
+    return hs
 
 
 def sharded_hidden_states(model, seqs: list[list[int]], layers: tuple[int, ...], parts: Path,
@@ -231,10 +245,14 @@ def labels_mask(n: int, length: int, loss_from: int) -> torch.Tensor:
     return (u < length) & (u >= loss_from)
 
 
-def batch(items, gen: torch.Generator, B: int, T: int):
-    """B random sequences, each a random crop of at most T + 1 tokens: tokens (B, n) (padded with 0),
-    hidden (B, n, H) float32, lab (B, n): which tokens are loss targets."""
-    pick = torch.randint(0, len(items), (B,), generator=gen).tolist()
+def batch(items, gen: torch.Generator, B: int, T: int, weights: torch.Tensor | None = None):
+    """B random sequences (uniformly, or in proportion to `weights`), each a random crop of at most
+    T + 1 tokens: tokens (B, n) (padded with 0), hidden (B, n, H) float32, lab (B, n): which tokens are
+    loss targets."""
+    if weights is None:
+        pick = torch.randint(0, len(items), (B,), generator=gen).tolist()
+    else:
+        pick = torch.multinomial(weights, B, replacement=True, generator=gen).tolist()
     rows = []
     for i in pick:
         toks, h, loss_from = items[i]
@@ -483,6 +501,20 @@ def _objective(head, target, stored: tuple[int, ...], data: dict) -> Objective:
     return obj
 
 
+def sampling_weights(data: dict, teacher_share: float | None) -> torch.Tensor | None:
+    """Per training sequence, the weight that makes the teacher's answers (data["train"][:answers_train])
+    `teacher_share` of the sequences drawn, the code windows the rest; None (uniform) without a share."""
+    n_t = data["about"].get("answers_train")
+    if teacher_share is None or n_t is None:
+        return None
+    if not 0 < teacher_share < 1:
+        raise ValueError(f"--teacher-share {teacher_share}: a fraction strictly between 0 and 1")
+    n_c = len(data["train"]) - n_t
+    if n_c == 0:
+        return None
+    return torch.tensor([teacher_share / n_t] * n_t + [(1 - teacher_share) / n_c] * n_c, dtype=torch.double)
+
+
 def _lr(args, step: int, progress: float) -> float:
     """Linear warmup over --warmup steps, then a cosine from --lr to a tenth of it as progress reaches 1."""
     return args.lr * min(1.0, (step + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1))))
@@ -533,6 +565,7 @@ def _train(args, cfg, head, target, stored: tuple[int, ...], data: dict, log, ck
     obj = _objective(head, target, stored, data)
     ttt = args.ttt or DEFAULTS[args.method]["ttt"]
     gen = torch.Generator().manual_seed(args.seed)
+    weights = sampling_weights(data, args.teacher_share)
     step, ema, done_s, loads, resumed = 0, None, 0.0, [], 0
     if args.resume and ckpt.exists():
         st = torch.load(ckpt, weights_only=False)
@@ -554,7 +587,7 @@ def _train(args, cfg, head, target, stored: tuple[int, ...], data: dict, log, ck
             lr = _lr(args, step, progress)
             for gr in opt.param_groups:
                 gr["lr"] = lr
-            tokens, hidden, lab = batch(data["train"], gen, args.batch_size, args.seq_len)
+            tokens, hidden, lab = batch(data["train"], gen, args.batch_size, args.seq_len, weights)
             if args.method == "medusa":
                 loss, parts = medusa_loss(head, obj, tokens, hidden, lab, stored)
             else:
@@ -592,6 +625,7 @@ def _reproduce(args, fit: _Fit, earlier: dict | None) -> str:
            + (f" --warmup {args.warmup}" if args.warmup != 30 else "")
            + f" --windows {args.windows}" + (f" --heldout-windows {args.heldout_windows}" if args.heldout_windows else "")
            + (f" --hidden-layers {args.hidden_layers}" if args.hidden_layers else "")
+           + (f" --teacher-share {args.teacher_share}" if args.teacher_share is not None else "")
            + (f" --layer-init {args.layer_init}" if args.layer_init is not None else "")
            + (f" --threads {args.threads}" if args.threads else ""))  # threads change the float rounding
     if earlier:  # a continued run: its reproduction is the earlier command, then this one with --init
@@ -613,7 +647,8 @@ def _manifest(args, cfg, data: dict, fit: _Fit, fig: dict, earlier: dict | None,
                 + [{"steps": step, "train_minutes": round(minutes, 2), "lr": args.lr}], "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": args.lr,
         "final_loss_ema": round(fit.final_loss_ema, 4), "train_minutes": round(minutes + (earlier["train_minutes"] if earlier else 0), 2),
         "total_minutes": round((time.time() - t0) / 60, 2), "torch_threads": torch.get_num_threads(),
-        "machine": f"{os.cpu_count()}-core AMD EPYC, load average {os.getloadavg()[0]:.1f} at the end", "heldout": fig, "seed": args.seed,
+        "machine": f"{os.cpu_count()}-core {cpu_name()}, load average {os.getloadavg()[0]:.1f} at the end", "heldout": fig, "seed": args.seed,
+        "teacher_share": args.teacher_share,
         "load_average_during_training": _load_summary(fit.load_average), "resumed": fit.resumed,
         "reproduce": _reproduce(args, fit, earlier),
     }
@@ -674,6 +709,9 @@ def main(argv=None):
                     help="go on from the checkpoint of an earlier run of this command (see the module docstring)")
     ap.add_argument("--heldout-windows", type=int, default=0,
                     help="held-out code windows (0: a twelfth of --windows); fixed, the held-out set stays the same as --windows grows")
+    ap.add_argument("--teacher-share", type=float, default=None,
+                    help="smollm2: the fraction of training sequences drawn from the teacher's answers, the rest "
+                         "from code windows (default: uniform over all sequences)")
     ap.add_argument("--hidden-layers", default=None,
                     help="target layers the head reads, e.g. 8 or 2,4,8 (default: the method's; the fusion ablation)")
     ap.add_argument("--layer-init", type=int, default=None,

@@ -424,8 +424,8 @@ def run(budget_minutes: float = 35.0, steps: int = 400, tokens_per_step: int = 5
 
 
 def _machine() -> dict:
-    from speclab.train.teacher import _cpu_name
-    return {"processor": _cpu_name(), "cpus": os.cpu_count(),
+    from speclab.train.teacher import cpu_name
+    return {"processor": cpu_name(), "cpus": os.cpu_count(),
             "load_average_1min_at_the_end": round(os.getloadavg()[0], 2)}
 
 
