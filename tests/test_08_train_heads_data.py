@@ -66,3 +66,48 @@ def test_eagle_loss_of_a_batch_without_targets_is_finite():
         loss.backward()
         assert (loss.item() == 0.0) == zero and torch.isfinite(loss)
         assert all(p.grad is None or torch.isfinite(p.grad).all() for p in head.parameters())
+
+
+def test_teacher_share_draws_the_answers_that_often():
+    # 3 answers and 9 code windows: uniform draws take an answer a quarter of the time, a share of 0.6 as often as asked
+    data = {"train": [None] * 12, "about": {"answers_train": 3}}
+    assert H.sampling_weights(data, None) is None
+    w = H.sampling_weights(data, 0.6)
+    pick = torch.multinomial(w, 20000, replacement=True, generator=torch.Generator().manual_seed(0))
+    share = (pick < 3).double().mean().item()
+    assert abs(share - 0.6) < 0.02, share           # binomial sd 0.0035: 5 sd
+    assert (pick < 3).sum() > 0 and (pick >= 3).sum() > 0
+    import pytest
+    for bad in (0.0, 1.0, 1.5):
+        with pytest.raises(ValueError, match="teacher-share"):
+            H.sampling_weights(data, bad)
+    assert H.sampling_weights({"train": [None] * 3, "about": {"answers_train": 3}}, 0.6) is None  # no code windows
+
+
+def test_the_committed_teacher_copy_round_trips(tmp_path):
+    from speclab.train import teacher as T
+    src = tmp_path / "cache"
+    data = {"token_ids": [[1, 2, 3, 49151], [5, 6]], "prompt_lens": [2, 1], "ids": ["qa/x#greedy", "qa/x#t1s0"],
+            "temperature": [0.0, 1.0]}
+    src.mkdir()
+    torch.save(data, src / "teacher.pt")
+    (src / "MANIFEST.json").write_text('{"name": "t", "counts": {"answers": 2}}')
+    npz = T.save_committed(src, tmp_path / "copy.npz")
+    assert (tmp_path / "copy.json").is_file()
+    out = T.restore_committed(tmp_path / "restored", npz)
+    assert T.load_teacher_data(out) == data
+    assert T.teacher_manifest(out) == {"name": "t", "counts": {"answers": 2}}
+
+
+def test_the_shipped_teacher_copy_is_complete():
+    """The committed answers (speclab/data/teacher_smollm2.npz) and their manifest agree."""
+    import json
+    import numpy as np
+    from speclab.train import teacher as T
+    z = np.load(T.COMMITTED)
+    man = json.loads(T.COMMITTED.with_suffix(".json").read_text())
+    assert len(z["ids"]) == len(z["prompt_lens"]) == len(z["temperature"]) == len(z["offsets"]) - 1
+    assert man["counts"]["answers"] == len(z["ids"]) == len(set(z["ids"].tolist()))
+    lens = np.diff(z["offsets"])
+    assert int((lens - z["prompt_lens"]).sum()) == man["tokens"]["response"]
+    assert int(z["prompt_lens"].sum()) == man["tokens"]["prompt"]

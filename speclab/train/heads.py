@@ -359,11 +359,13 @@ def medusa_loss(head, obj: Objective, tokens, hidden, lab, stored):
 @torch.no_grad()
 def evaluate(head, target, items, stored, method: str, depth: int = 4, T: int = 256) -> dict:
     """Per chained position j (1 = from the target's own feature, j > 1 = after j-1 of the head's own
-    outputs, with the true tokens): top-1 agreement with the target's argmax (greedy acceptance) and
+    outputs, with the true tokens): top-1 agreement with the target's argmax (greedy acceptance), how
+    often that argmax is among the head's top 3 (what a tree 3 wide at that depth keeps) and
     mean sum min(p, q) at temperature 1 (the acceptance of sampled drafts), over held-out positions."""
     obj = Objective(head, target)
     obj.w = target.lm_head.weight  # evaluate over the full vocabulary, as verification does
-    agree, overlap, count = [0.0] * depth, [0.0] * depth, [0] * depth
+    agree, top3, overlap, count = [0.0] * depth, [0.0] * depth, [0.0] * depth, [0] * depth
+    in_top3 = lambda p, q: (q.topk(3, -1).indices == p.argmax(-1, keepdim=True)).any(-1)  # noqa: E731
     for toks, h, lf in items:
         tokens, hidden = toks[None, :T + 1], h[None, :T + 1].float()
         n = tokens.shape[1]
@@ -377,6 +379,7 @@ def evaluate(head, target, items, stored, method: str, depth: int = 4, T: int = 
                 q = F.softmax(head(top[:, :m], i)[i - 1], -1)
                 sel = lab[:, 1 + i:n]
                 agree[i - 1] += (p.argmax(-1) == q.argmax(-1))[sel].sum().item()
+                top3[i - 1] += in_top3(p, q)[sel].sum().item()
                 overlap[i - 1] += torch.minimum(p, q).sum(-1)[sel].sum().item()
                 count[i - 1] += int(sel.sum())
             continue
@@ -390,12 +393,14 @@ def evaluate(head, target, items, stored, method: str, depth: int = 4, T: int = 
             sel = lab[:, 2:n].clone()
             sel[:, :j - 1] = False
             agree[j - 1] += (p.argmax(-1) == q.argmax(-1))[sel].sum().item()
+            top3[j - 1] += in_top3(p, q)[sel].sum().item()
             overlap[j - 1] += torch.minimum(p, q).sum(-1)[sel].sum().item()
             count[j - 1] += int(sel.sum())
             past.append(kv)
             f_t = torch.cat([g[:, :1], g[:, :-1]], 1)
     r = lambda xs: [round(a / max(c, 1), 4) for a, c in zip(xs, count)]  # noqa: E731
-    return {"top1_agreement_per_position": r(agree), "sum_min_pq_per_position": r(overlap),
+    return {"top1_agreement_per_position": r(agree), "top3_agreement_per_position": r(top3),
+            "sum_min_pq_per_position": r(overlap),
             "positions_evaluated": count[0]}
 
 

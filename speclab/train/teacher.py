@@ -26,6 +26,16 @@ Grow it with more T=1 answers to the same conversations (`--samples N` answers e
 pass; `--resume` keeps what is there, so a budgeted run can be continued):
 
     python -m speclab.train.teacher --resume --sample-every 1 --n-sample 384 --samples 4 --budget-minutes 60
+
+One torch thread is faster than two here (OMP_NUM_THREADS=1: about 95 response tokens/s at batch 32 on
+one core of a 2-core AMD EPYC, against 60 on both, where two threads leave the few-row attention kernel
+for gather + SDPA), so the other core stays free for collecting hidden states or training.
+
+The answers are committed too, compactly (`speclab/data/teacher_smollm2.npz`, token ids as uint16, and
+its MANIFEST as `teacher_smollm2.json`; about 0.3 MB per 1,000 answers): a fresh clone restores them
+into the cache on first use, so heads and drafts train without regenerating them, and `--resume`
+grows the committed set. After growing it, `python -m speclab.train.teacher --save-committed` writes
+the copy to commit.
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ COMMAND = "python -m speclab.train.teacher"
 CHUNK = 32          # conversations per LLM.chat call; the time budget is checked between chunks
 SAMPLE_EVERY = 3    # after every 3rd greedy answer, one T=1 answer of the same conversation (while n_sample lasts)
 SEED_STRIDE = 100_000  # the seed of a conversation's k-th extra T=1 answer: its index + k * SEED_STRIDE
+COMMITTED = Path(__file__).resolve().parents[1] / "data" / "teacher_smollm2.npz"  # the repository's copy
 
 
 def teacher_dir() -> Path:
@@ -55,10 +66,61 @@ def teacher_dir() -> Path:
     return cache_root() / NAME
 
 
+def _complete(where: Path) -> bool:
+    return (where / "MANIFEST.json").is_file() and (where / "teacher.pt").is_file()
+
+
+def save_committed(where: str | Path | None = None, to: str | Path = COMMITTED) -> Path:
+    """Write the teacher data of `where` (default teacher_dir()) into the repository's compact copy:
+    `to` (an .npz: every answer's ids as uint16, concatenated, with offsets, prompt lengths,
+    temperatures and answer ids) and its MANIFEST beside it (same name, .json). The answers take an
+    hour of a CPU core per 300k tokens to regenerate; committed, they accumulate from run to run."""
+    import numpy as np
+    where = Path(where) if where is not None else teacher_dir()
+    d, man = load_teacher_data(where), teacher_manifest(where)
+    ids = d["token_ids"]
+    if max(max(s) for s in ids) >= 2 ** 16:
+        raise ValueError("token ids above 65535 do not fit the committed uint16 format")
+    to = Path(to)
+    np.savez_compressed(to.with_suffix(".tmp.npz"), tokens=np.concatenate([np.asarray(s, np.uint16) for s in ids]),
+                        offsets=np.cumsum([0] + [len(s) for s in ids]), prompt_lens=np.asarray(d["prompt_lens"], np.int32),
+                        temperature=np.asarray(d["temperature"], np.float32), ids=np.asarray(d["ids"]))
+    os.replace(to.with_suffix(".tmp.npz"), to)
+    to.with_suffix(".json").write_text(json.dumps(man, indent=1) + "\n")
+    return to
+
+
+def restore_committed(out: str | Path | None = None, src: str | Path = COMMITTED) -> Path:
+    """Write the committed teacher data (save_committed's files) as a complete teacher directory `out`
+    (default teacher_dir()), so that training reads it and `--resume` grows it."""
+    import numpy as np
+    src, out = Path(src), Path(out) if out is not None else teacher_dir()
+    z = np.load(src)
+    off = z["offsets"].tolist()
+    toks = z["tokens"].astype(np.int64)
+    data = {"token_ids": [toks[a:b].tolist() for a, b in zip(off[:-1], off[1:])],
+            "prompt_lens": z["prompt_lens"].tolist(), "ids": [str(i) for i in z["ids"]],
+            "temperature": [float(t) for t in z["temperature"]]}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "MANIFEST.json").unlink(missing_ok=True)
+    torch.save(data, out / "teacher.pt.tmp")
+    os.replace(out / "teacher.pt.tmp", out / "teacher.pt")
+    (out / "MANIFEST.json").write_text(src.with_suffix(".json").read_text())  # written last: complete
+    return out
+
+
+def _restore_if_absent(where: Path) -> None:
+    """The cache's teacher directory from the committed copy, when the cache has none."""
+    if where == teacher_dir() and not _complete(where) and COMMITTED.is_file():
+        restore_committed(where)
+
+
 def load_teacher_data(path: str | Path | None = None) -> dict:
-    """The teacher data dict (see the module docstring); FileNotFoundError naming the command if absent."""
+    """The teacher data dict (see the module docstring), from the cache (restored from the repository's
+    committed copy when absent); FileNotFoundError naming the command if there is neither."""
     where = Path(path) if path is not None else teacher_dir()
-    if not (where / "MANIFEST.json").is_file() or not (where / "teacher.pt").is_file():
+    _restore_if_absent(where)
+    if not _complete(where):
         raise FileNotFoundError(f"no complete teacher data at {where}: build it with `{COMMAND}` "
                                 f"(about 50 minutes on 2 CPU cores; needs the real model, `make setup`)")
     return torch.load(where / "teacher.pt", weights_only=True)
@@ -66,6 +128,7 @@ def load_teacher_data(path: str | Path | None = None) -> dict:
 
 def teacher_manifest(path: str | Path | None = None) -> dict:
     where = Path(path) if path is not None else teacher_dir()
+    _restore_if_absent(where)
     return json.loads((where / "MANIFEST.json").read_text())
 
 
@@ -197,7 +260,7 @@ def _manifest(b: _Build, seconds: float, stopped_early: bool, run_finished: bool
         "response_tokens_per_second": round(b.tokens / seconds, 1),
         "command": b.command,
         "commands": b.earlier["commands"] + [b.command],
-        "machine": {"platform": platform.platform(), "processor": _cpu_name(), "cpus": os.cpu_count(),
+        "machine": {"platform": platform.platform(), "processor": cpu_name(), "cpus": os.cpu_count(),
                     "torch_threads": torch.get_num_threads(),
                     "load_average_1min_at_save": round(os.getloadavg()[0], 2)},
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -238,6 +301,8 @@ def build_teacher_data(n_greedy: int | None = None, n_sample: int = 128, max_tok
     jobs = _jobs(records, n_greedy, n_sample, sample_every, samples)
     llm = LLM(model="smollm2", max_num_seqs=max_num_seqs, kv_cache_gb=2.0, dtype=torch.float32)
     b = _Build(out, len(records), max_tokens, max_num_seqs, _command(), t0)
+    if resume:
+        _restore_if_absent(out)
     if resume and (out / "teacher.pt").is_file():
         jobs = _resume(b, jobs)
     out.mkdir(parents=True, exist_ok=True)
@@ -249,7 +314,7 @@ def build_teacher_data(n_greedy: int | None = None, n_sample: int = 128, max_tok
     return out
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -274,7 +339,13 @@ def main(argv=None) -> None:
     p.add_argument("--samples", type=int, default=1,
                    help="T=1 answers per sampled conversation (the extra ones come after the first pass, so "
                         "--resume with a larger N adds them)")
+    p.add_argument("--save-committed", action="store_true",
+                   help=f"only copy the cache's teacher data into the repository ({COMMITTED.name}, with its "
+                        f"manifest), to commit; a fresh clone then trains from it and --resume grows it")
     a = p.parse_args(argv)
+    if a.save_committed:
+        print(f"[teacher] wrote {save_committed()}", file=sys.stderr)
+        return
     build_teacher_data(a.n_greedy, a.n_sample, a.max_tokens, a.max_num_seqs, a.budget_minutes, a.out, resume=a.resume,
                        sample_every=a.sample_every, samples=a.samples)
 
