@@ -27,7 +27,7 @@ pass; `--resume` keeps what is there, so a budgeted run can be continued):
 
     python -m speclab.train.teacher --resume --sample-every 1 --n-sample 384 --samples 4 --budget-minutes 60
 
-One torch thread is faster than two here (OMP_NUM_THREADS=1: about 95 response tokens/s at batch 32 on
+One torch thread is faster than two here (OMP_NUM_THREADS=1: about 90 response tokens/s at batch 32 on
 one core of a 2-core AMD EPYC, against 60 on both, where two threads leave the few-row attention kernel
 for gather + SDPA), so the other core stays free for collecting hidden states or training.
 
