@@ -3,10 +3,15 @@
 A run stopped by a signal half way and resumed with --resume ends with the same weights as the
 same run left alone: the checkpoint holds the head, the optimiser, the step and the data generator.
 Negative control: resuming without the data generator's state (a fresh generator) gives other weights.
-The hidden states are collected in shards that a second collection reads back instead of recomputing.
+The hidden states are collected in shards that a second collection reads back instead of recomputing,
+and that two processes share through claim files (--collect-only on the other core): a shard a live
+process holds is left to it and waited for, one whose process died is taken over.
 """
 
 import signal
+import subprocess
+import sys
+import threading
 
 import pytest
 import torch
@@ -83,3 +88,49 @@ def test_hidden_states_are_collected_in_shards_that_a_second_collection_reuses(c
     monkeypatch.setattr(H, "hidden_states", lambda *a, **k: pytest.fail("a saved shard was recomputed"))
     again = H.sharded_hidden_states(model, seqs, (8,), parts, shard_tokens=50)
     assert all(torch.equal(x, y) for x, y in zip(first, again))
+
+
+def _model_and_seqs():
+    from speclab.models.hub import checkpoint_dir
+    from speclab.models.llama import load_llama
+    return load_llama(checkpoint_dir("target")), [list(range(5, 45)), list(range(7, 30)), list(range(9, 60))]
+
+
+def test_a_shard_another_live_process_holds_is_left_to_it_and_waited_for(cache):
+    model, seqs = _model_and_seqs()
+    reference = H.sharded_hidden_states(model, seqs, (8,), cache / "ref", shard_tokens=50)
+    parts = cache / "parts"
+    parts.mkdir()
+    held = parts / "shard-0001-of-0002.pt"
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    held.with_suffix(".claim").write_text(str(holder.pid))
+    # --collect-only: computes the free shard, leaves the held one, returns at once
+    assert H.sharded_hidden_states(model, seqs, (8,), parts, shard_tokens=50, wait=False) is None
+    assert (parts / "shard-0000-of-0002.pt").exists() and not held.exists()
+    # the training command waits for it; here "the other process" writes it after a moment
+    other = threading.Timer(0.3, lambda: ((cache / "ref" / held.name).rename(held), held.with_suffix(".claim").unlink()))
+    other.start()
+    got = H.sharded_hidden_states(model, seqs, (8,), parts, shard_tokens=50, poll_s=0.05)
+    other.join()
+    holder.kill()
+    assert all(torch.equal(x, y) for x, y in zip(reference, got)) and len(got) == 3
+
+
+def test_a_claim_whose_process_died_is_taken_over(cache):
+    model, seqs = _model_and_seqs()
+    parts = cache / "parts"
+    parts.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (parts / "shard-0000-of-0002.claim").write_text(str(dead.pid))
+    got = H.sharded_hidden_states(model, seqs, (8,), parts, shard_tokens=50, poll_s=0.05)
+    assert [len(h) for h in got] == [40, 23, 51]
+    assert not list(parts.glob("*.claim"))
+
+
+def test_collect_only_collects_every_shard_the_training_command_then_reads(cache, monkeypatch):
+    assert H.main(ARGS + ["--out", str(cache / "h"), "--collect-only"]) is None
+    assert not (cache / "h" / "model.safetensors").exists()
+    monkeypatch.setattr(H, "hidden_states", lambda *a, **k: pytest.fail("a collected shard was recomputed"))
+    assert H.main(ARGS + ["--out", str(cache / "h")])["steps"] == 6
+    assert not list((cache / "cache").rglob("*.parts"))  # assembled into KEY.pt and cleaned up

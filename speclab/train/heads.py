@@ -26,7 +26,13 @@ the data generator's state and the minutes trained so far go to $SPECLAB_CACHE/h
 checkpoint.pt; Ctrl-C (or SIGTERM) writes one more and exits. The same command with --resume goes on
 from it: the time budget counts the minutes already trained, so the cosine ends where it would have.
 The hidden states are collected in shards of about 100k tokens, each saved as it is done, so a
-stopped collection resumes too.
+stopped collection resumes too. On two cores, collect on both: start the same command with
+--collect-only --threads 1 beside the training command (also --threads 1); the two share the shards
+(each claims the ones it computes), the helper exits when none is left, and the training command
+waits for the helper's last shards, then trains:
+
+    python -m speclab.train.heads --method eagle --target smollm2 --windows 2000 --threads 1 --collect-only &
+    python -m speclab.train.heads --method eagle --target smollm2 --windows 2000 --threads 1 --minutes 50
 """
 
 from __future__ import annotations
@@ -163,8 +169,10 @@ def code_windows(tokenizer_dir, n_train: int, n_held: int, seq_len: int, seed: i
     return out
 
 
-def load_data(target_name: str, model, layers: tuple[int, ...], args) -> dict:
-    """{'train': [(tokens, hidden, loss_from)], 'heldout': [...], 'about': {...}}, cached on disk.
+def load_data(target_name: str, model, layers: tuple[int, ...], args) -> dict | None:
+    """{'train': [(tokens, hidden, loss_from)], 'heldout': [...], 'about': {...}}, cached on disk
+    (None with args.collect_only: this process only helps collect the hidden states, see
+    sharded_hidden_states).
 
     For smollm2 the two sources are cached apart, so that growing one (more teacher answers, more code
     windows) does not recompute the other: the teacher answers first, then the code windows, in each split."""
@@ -172,12 +180,8 @@ def load_data(target_name: str, model, layers: tuple[int, ...], args) -> dict:
     if target_name != "smollm2":
         held = args.heldout_windows or max(16, args.windows // 12)
         seqs, about = embedded_sequences(args.windows, held, args.seq_len)
-        plens = {k: [0] * len(v) for k, v in seqs.items()}
         key = f"{target_name}-L{L}-n{args.windows}-T{args.seq_len}" + (f"-h{args.heldout_windows}" if args.heldout_windows else "")
-        data = {"about": {**about, "layers": list(layers)}}
-        for split in ("train", "heldout"):
-            hs = cached_hidden_states(model, seqs[split], layers, f"{key}.{split}")
-            data[split] = [(torch.tensor(s), h, pl) for s, h, pl in zip(seqs[split], hs, plens[split])]
+        sources = {split: [(f"{key}.{split}", seqs[split], [0] * len(seqs[split]))] for split in ("train", "heldout")}
     else:  # its own answers, and code it reads (disjoint from the held-out chat sets)
         from speclab.models.smollm2 import model_dir
         from speclab.train.teacher import teacher_manifest
@@ -186,39 +190,58 @@ def load_data(target_name: str, model, layers: tuple[int, ...], args) -> dict:
         code = code_windows(model_dir(), args.windows, held, args.seq_len)
         about["code_windows"] = {"source": "stdlib corpus, train split (held-out modules for eval)",
                                  "tokens_each": args.seq_len + 1, "train": args.windows, "heldout": held}
-        data = {"about": {**about, "layers": list(layers)}}
+        about["answers_train"] = len(seqs["train"])  # data["train"][:answers_train]: the teacher's
         tkey = f"{target_name}-teacher-L{L}-a{teacher_manifest()['counts']['answers']}"
         ckey = f"{target_name}-code-L{L}-n{args.windows}-T{args.seq_len}-h{held}"
+        sources = {split: [(f"{tkey}.{split}", seqs[split], plens[split]),
+                           (f"{ckey}.{split}", code[split], [0] * len(code[split]))] for split in ("train", "heldout")}
+    if getattr(args, "collect_only", False):
         for split in ("train", "heldout"):
-            hs = (cached_hidden_states(model, seqs[split], layers, f"{tkey}.{split}")
-                  + cached_hidden_states(model, code[split], layers, f"{ckey}.{split}"))
-            data[split] = [(torch.tensor(s), h, pl) for s, h, pl in
-                           zip(seqs[split] + code[split], hs, plens[split] + [0] * len(code[split]))]
-        data["about"]["answers_train"] = len(seqs["train"])  # data["train"][:answers_train]: the teacher's
+            for key, ss, _ in sources[split]:
+                cached_hidden_states(model, ss, layers, key, collect_only=True)
+        return None
+    data = {"about": {**about, "layers": list(layers)}}
+    for split in ("train", "heldout"):
+        data[split] = [(torch.tensor(s), h, pl) for key, ss, pls in sources[split]
+                       for s, h, pl in zip(ss, cached_hidden_states(model, ss, layers, key), pls)]
     data["about"]["tokens"] = {k: sum(len(s) for s, _, _ in data[k]) for k in ("train", "heldout")}
     return data
 
 
-def cached_hidden_states(model, seqs: list[list[int]], layers: tuple[int, ...], key: str) -> list[torch.Tensor]:
+def cached_hidden_states(model, seqs: list[list[int]], layers: tuple[int, ...], key: str,
+                         collect_only: bool = False) -> list[torch.Tensor] | None:
     """hidden_states of `seqs`, saved once as cache_dir()/KEY.pt (complete or absent) and read back
-    after; collected in resumable shards (sharded_hidden_states) under KEY.parts/."""
+    after; collected in resumable shards (sharded_hidden_states) under KEY.parts/. With collect_only,
+    only compute the shards no other process holds, and return None (see sharded_hidden_states)."""
     path = cache_dir() / f"{key}.pt"
     if path.exists():
-        return torch.load(path)
+        return None if collect_only else torch.load(path)
     parts = cache_dir() / f"{key}.parts"
-    hs = sharded_hidden_states(model, seqs, layers, parts)
-    torch.save(hs, path.with_suffix(".tmp"))
-    path.with_suffix(".tmp").rename(path)
+    hs = sharded_hidden_states(model, seqs, layers, parts, wait=not collect_only)
+    if collect_only:
+        return None
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    torch.save(hs, tmp)
+    tmp.rename(path)
     for f in parts.glob("*.pt"):
-        f.unlink()
-    parts.rmdir()
+        f.unlink(missing_ok=True)
+    try:
+        parts.rmdir()
+    except OSError:
+        pass  # a --collect-only process still has a claim file there; it leaves when it sees KEY.pt
     return hs
 
 
 def sharded_hidden_states(model, seqs: list[list[int]], layers: tuple[int, ...], parts: Path,
-                          shard_tokens: int = 100_000) -> list[torch.Tensor]:
+                          shard_tokens: int = 100_000, wait: bool = True,
+                          poll_s: float = 10.0) -> list[torch.Tensor] | None:
     """hidden_states over shards of about shard_tokens tokens, each saved under `parts` when done and
-    read back instead of recomputed: a collection stopped half way resumes where it stopped."""
+    read back instead of recomputed: a collection stopped half way resumes where it stopped.
+
+    Several processes may collect at once, one per core: each shard is claimed by a file naming its
+    process (SHARD.claim), and a process computes only the shards no live process holds; a claim
+    whose process has died is taken over. With `wait`, it then waits for the others' shards and
+    returns them all; without (`--collect-only`), it returns None once nothing is left to claim."""
     parts.mkdir(parents=True, exist_ok=True)
     shards, start, n = [], 0, 0
     for i, s in enumerate(seqs):
@@ -226,17 +249,55 @@ def sharded_hidden_states(model, seqs: list[list[int]], layers: tuple[int, ...],
         if n >= shard_tokens or i == len(seqs) - 1:
             shards.append((start, i + 1))
             start, n = i + 1, 0
-    out = []
-    for j, (a, b) in enumerate(shards):
-        f = parts / f"shard-{j:04d}-of-{len(shards):04d}.pt"
-        if f.exists():
-            out += torch.load(f)
+    files = [parts / f"shard-{j:04d}-of-{len(shards):04d}.pt" for j in range(len(shards))]
+    while True:
+        for f, (a, b) in zip(files, shards):
+            if f.exists() or not _claim(f):
+                continue
+            try:
+                hs = hidden_states(model, seqs[a:b], layers)
+                torch.save(hs, f.with_suffix(".tmp"))
+                f.with_suffix(".tmp").rename(f)
+            finally:
+                f.with_suffix(".claim").unlink(missing_ok=True)
+        if not wait:
+            return None
+        if all(f.exists() for f in files):
+            return [h for f in files for h in torch.load(f)]
+        time.sleep(poll_s)  # shards that another live process is computing
+
+
+def _claim(shard: Path) -> bool:
+    """Claim `shard` for this process (SHARD.claim holds its pid); False when a live process holds it.
+    A claim whose process has died is taken over (an empty one, once it is a minute old)."""
+    claim = shard.with_suffix(".claim")
+    for _ in range(2):
+        try:
+            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                text, age = claim.read_text(), time.time() - claim.stat().st_mtime
+            except FileNotFoundError:
+                continue  # just released: try again
+            if text.strip().isdigit() and _alive(int(text)) or not text.strip() and age < 60:
+                return False
+            claim.unlink(missing_ok=True)  # its process died: take it over
             continue
-        hs = hidden_states(model, seqs[a:b], layers)
-        torch.save(hs, f.with_suffix(".tmp"))
-        f.with_suffix(".tmp").rename(f)
-        out += hs
-    return out
+        with os.fdopen(fd, "w") as fh:
+            fh.write(str(os.getpid()))
+        return True
+    return False
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this pid exists (a claim's holder)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
 
 
 def labels_mask(n: int, length: int, loss_from: int) -> torch.Tensor:
@@ -469,7 +530,8 @@ def _target_and_data(args, log, t0: float):
     L = target.config.num_hidden_layers
     stored = (2, L // 2, L) if args.target == "target" else (L,)
     data = load_data(args.target, target, stored, args)
-    log(f"data: {data['about']}; {time.time() - t0:.0f}s")
+    if data is not None:
+        log(f"data: {data['about']}; {time.time() - t0:.0f}s")
     return target, stored, data
 
 
@@ -674,6 +736,9 @@ def run(args) -> dict | None:
     out, log = _out_and_log(args)
     t0 = time.time()
     target, stored, data = _target_and_data(args, log, t0)
+    if data is None:
+        log(f"--collect-only: no shard of this data is left for this process to collect ({time.time() - t0:.0f}s)")
+        return None
     torch.manual_seed(args.seed)  # the new head's initialisation
     cfg, head, earlier = _new_head(args, target, stored, data, log)
     ckpt = run_dir(out) / "checkpoint.pt"
@@ -712,6 +777,9 @@ def main(argv=None):
     ap.add_argument("--checkpoint-minutes", type=float, default=5.0, help="how often the run's state is saved")
     ap.add_argument("--resume", action="store_true",
                     help="go on from the checkpoint of an earlier run of this command (see the module docstring)")
+    ap.add_argument("--collect-only", action="store_true",
+                    help="only help collect the hidden states, then exit: run it on the other core beside the "
+                         "training command (the same data flags), which waits for its shards")
     ap.add_argument("--heldout-windows", type=int, default=0,
                     help="held-out code windows (0: a twelfth of --windows); fixed, the held-out set stays the same as --windows grows")
     ap.add_argument("--teacher-share", type=float, default=None,
