@@ -1,4 +1,5 @@
-"""The demo's choices that need no model run, and `time_breakdown`'s bookkeeping (no speed asserted)."""
+"""The demo's choices that need no model run, `time_breakdown`'s bookkeeping and the CPU name benchmarks record
+(no speed asserted)."""
 
 import pytest
 
@@ -76,3 +77,18 @@ def test_a_draft_that_does_not_fit_the_target_loses_its_row_with_the_reason():
     llms = demo.load_llms("target", rows, missing)
     assert rows == [] and list(llms) == [None]
     assert missing[0].startswith("draft model, k=4 not available: ") and "-missing" in missing[0]
+
+
+def test_cpu_name_tells_the_vector_instructions_a_model_name_hides(tmp_path):
+    from speclab.timing import cpu_name
+    block = "processor\t: {i}\ncpu family\t: {fam}\nmodel\t\t: {model}\nmodel name\t: {name}\nflags\t\t: {flags}\n\n"
+    cases = [("AMD EPYC", 25, 17, "fpu avx2 avx512f avx512_bf16", "AMD EPYC (family 25 model 17; AVX-512, AVX512-BF16)"),
+             ("AMD EPYC", 25, 1, "fpu avx2", "AMD EPYC (family 25 model 1; AVX2)"),
+             ("Intel(R) Xeon(R)", 6, 143, "avx2 avx512f avx512_bf16 amx_tile", "Intel(R) Xeon(R) (family 6 model 143; AVX-512, AVX512-BF16, AMX)")]
+    for name, fam, model, flags, want in cases:
+        f = tmp_path / "cpuinfo"
+        # two processors: only the first block is read
+        f.write_text(block.format(i=0, fam=fam, model=model, name=name, flags=flags)
+                     + block.format(i=1, fam=0, model=0, name="other", flags=""))
+        assert cpu_name(str(f)) == want
+    assert cpu_name(str(tmp_path / "absent"))  # no /proc/cpuinfo: platform's name, never an error

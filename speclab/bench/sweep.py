@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import socket
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 
 from speclab.bench.serve import benchmark
+from speclab.timing import cpu_name
 
 NGRAM_K4 = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 DEFAULT_CONFIGS = [
@@ -48,12 +48,7 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
 
 
 def machine() -> str:
-    name = platform.processor() or platform.machine()
-    try:
-        name = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{name}, {os.cpu_count()} logical CPUs"
+    return f"{cpu_name()}, {os.cpu_count()} logical CPUs"
 
 
 def free_port() -> int:

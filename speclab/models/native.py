@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from speclab.cache import cache_root
+from speclab.timing import cpu_name
 
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17"]
 
@@ -41,18 +42,8 @@ def library_path(source: Path, cxx: str) -> Path:
     except (OSError, subprocess.SubprocessError):
         version = ""
     key = hashlib.sha256("\0".join([source.read_text(), " ".join(FLAGS), cxx, version, platform.machine(),
-                                    _cpu_model()]).encode()).hexdigest()[:16]
+                                    cpu_name()]).encode()).hexdigest()[:16]
     return cache_root() / source.stem / f"{source.stem}-{key}.so"
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "flags")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def build(source: Path, cxx: str) -> Path:

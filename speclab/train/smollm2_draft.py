@@ -42,6 +42,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from speclab.timing import cpu_name
+
 NUM_LAYERS = 4
 CANDIDATES = ((0, 1, 28, 29), (0, 1, 2, 29), (0, 10, 20, 29), (0, 14, 28, 29), (0, 1, 15, 29))
 TOP_K = 32                 # target log-probabilities kept per position
@@ -424,7 +426,6 @@ def run(budget_minutes: float = 35.0, steps: int = 400, tokens_per_step: int = 5
 
 
 def _machine() -> dict:
-    from speclab.train.teacher import cpu_name
     return {"processor": cpu_name(), "cpus": os.cpu_count(),
             "load_average_1min_at_the_end": round(os.getloadavg()[0], 2)}
 

@@ -53,6 +53,8 @@ from pathlib import Path
 
 import torch
 
+from speclab.timing import cpu_name
+
 NAME = "smollm2-teacher-v1"
 COMMAND = "python -m speclab.train.teacher"
 CHUNK = 32          # conversations per LLM.chat call; the time budget is checked between chunks
@@ -312,16 +314,6 @@ def build_teacher_data(n_greedy: int | None = None, n_sample: int = 128, max_tok
         print(f"[teacher] wrote {out}: {len(b.data['ids'])} answers, {b.tokens} tokens, {seconds:.0f} s",
               file=sys.stderr, flush=True)
     return out
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def main(argv=None) -> None:
