@@ -80,7 +80,7 @@ def test_a_draft_that_does_not_fit_the_target_loses_its_row_with_the_reason():
 
 
 def test_cpu_name_tells_the_vector_instructions_a_model_name_hides(tmp_path):
-    from speclab.timing import cpu_name
+    from speclab.cpu_info import cpu_name
     block = "processor\t: {i}\ncpu family\t: {fam}\nmodel\t\t: {model}\nmodel name\t: {name}\nflags\t\t: {flags}\n\n"
     cases = [("AMD EPYC", 25, 17, "fpu avx2 avx512f avx512_bf16", "AMD EPYC (family 25 model 17; AVX-512, AVX512-BF16)"),
              ("AMD EPYC", 25, 1, "fpu avx2", "AMD EPYC (family 25 model 1; AVX2)"),

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from speclab.bench.serve import benchmark
-from speclab.timing import cpu_name
+from speclab.cpu_info import cpu_name
 
 NGRAM_K4 = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 DEFAULT_CONFIGS = [

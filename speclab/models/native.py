@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from speclab.cache import cache_root
-from speclab.timing import cpu_name
+from speclab.cpu_info import cpu_name
 
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC", "-std=c++17"]
 

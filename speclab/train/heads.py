@@ -58,7 +58,7 @@ from speclab.engine.batch import flatten
 from speclab.kv_cache import KVCacheManager
 from speclab.models.heads.eagle import ttt_mask
 from speclab.models.heads import HEADS_DIR, build_head, new_config, save_head
-from speclab.timing import cpu_name
+from speclab.cpu_info import cpu_name
 
 DEFAULTS = {  # method -> (loss, training-time-test steps)
     "eagle": dict(ttt=1), "eagle3": dict(ttt=3), "mtp": dict(ttt=1), "medusa": dict(ttt=1),

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from speclab.timing import cpu_name
+from speclab.cpu_info import cpu_name
 
 NUM_LAYERS = 4
 CANDIDATES = ((0, 1, 28, 29), (0, 1, 2, 29), (0, 10, 20, 29), (0, 14, 28, 29), (0, 1, 15, 29))

@@ -53,7 +53,7 @@ from pathlib import Path
 
 import torch
 
-from speclab.timing import cpu_name
+from speclab.cpu_info import cpu_name
 
 NAME = "smollm2-teacher-v1"
 COMMAND = "python -m speclab.train.teacher"
