@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from speclab.models import cpu_attention, cpu_gemm
+from speclab.models import cpu_attention, cpu_elementwise, cpu_gemm
 from speclab.models.packed_linear import PackedLinear
 
 
@@ -163,6 +163,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):  # (N, D): HF's order, x * rsqrt(mean(x^2) + eps) in float32, then * weight in x's dtype
+        if x.dim() == 2 and cpu_elementwise.applies(x, self.weight):  # one pass (cpu_elementwise), not six ops
+            return cpu_elementwise.rms_norm(x, self.weight, self.eps)
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
@@ -260,10 +262,14 @@ class Attention(nn.Module):
             qkv = self.qkv(x)  # (N, (H + 2 Hkv) Dh)
         else:  # a layer used on its own: the plain projections, same function
             qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        qk = rotate(qkv[:, :(H + Hkv) * Dh].view(N, H + Hkv, Dh), cos, sin)  # q's and k's heads at once
-        q, k, v = qk[:, :H], qk[:, H:], qkv[:, (H + Hkv) * Dh:]
-        k_cache.view(-1, Hkv * Dh).index_copy_(0, meta.slot_mapping, k.reshape(N, Hkv * Dh))  # this step's
-        v_cache.view(-1, Hkv * Dh).index_copy_(0, meta.slot_mapping, v)                       # keys, values
+        if cpu_elementwise.applies(qkv, k_cache) and Dh <= cpu_elementwise.MAX_HEAD_DIM:  # one pass, in place
+            cpu_elementwise.rope_cache(qkv, cos, sin, meta.slot_mapping, k_cache, v_cache, H, Hkv)
+            q = qkv[:, :H * Dh].view(N, H, Dh)
+        else:
+            qk = rotate(qkv[:, :(H + Hkv) * Dh].view(N, H + Hkv, Dh), cos, sin)  # q's and k's heads at once
+            q, k, v = qk[:, :H], qk[:, H:], qkv[:, (H + Hkv) * Dh:]
+            k_cache.view(-1, Hkv * Dh).index_copy_(0, meta.slot_mapping, k.reshape(N, Hkv * Dh))  # this step's
+            v_cache.view(-1, Hkv * Dh).index_copy_(0, meta.slot_mapping, v)                       # keys, values
         out = paged_attention(q, k_cache, v_cache, meta)  # (N, H, Dh)
         out = out.reshape(N, H * Dh)
         return self.o(out) if "o" in self.__dict__ else self.o_proj(out)
@@ -286,7 +292,10 @@ class MLP(nn.Module):
             # training a head (autograd needs the plain weights; packed ones have no gradient), or a
             # layer used on its own: the same function through the unfused projections
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = self.gate_up(x).chunk(2, dim=-1)  # (N, I) each
+        gate_up = self.gate_up(x)  # (N, 2 I): gate, then up
+        if cpu_elementwise.applies(gate_up):
+            return self.down(cpu_elementwise.silu_mul(gate_up))  # SwiGLU in one pass (cpu_elementwise)
+        gate, up = gate_up.chunk(2, dim=-1)  # (N, I) each
         return self.down(F.silu(gate) * up)  # SwiGLU
 
 
