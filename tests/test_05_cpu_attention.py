@@ -66,7 +66,7 @@ def reference(q, k_cache, v_cache, meta):
 
 
 def kernel(q, k_cache, v_cache, meta):
-    assert cpu_attention.applies(q, k_cache, meta.tree_masks)
+    assert cpu_attention.applies(q, k_cache)
     return cpu_attention.paged_attention(q, k_cache, v_cache, *meta.kernel_tables)
 
 
@@ -118,7 +118,7 @@ def test_a_bfloat16_token_s_attention_has_the_same_bits_alone_and_in_a_verify_st
 @needs_kernel
 def test_mixed_dtypes_are_refused_with_the_fix():
     q, kc, vc, meta = ragged([1], [20])
-    assert not cpu_attention.applies(q, kc.bfloat16(), None)
+    assert not cpu_attention.applies(q, kc.bfloat16())
     with pytest.raises(ValueError, match="share one dtype"):
         cpu_attention.paged_attention(q, kc.bfloat16(), vc.bfloat16(), *meta.kernel_tables)
 
@@ -185,19 +185,96 @@ def test_a_table_without_a_token_s_blocks_is_refused_with_the_cause():
         kernel(q, kc, vc, meta)
 
 
-def test_the_torch_path_takes_what_the_kernel_does_not():
-    """A tree of drafts, float16, more than one thread: `applies` is False (and the model's
-    attention still runs, through gather + SDPA)."""
+def test_the_torch_path_takes_what_the_kernel_does_not(monkeypatch):
+    """float16, more than one thread, head_dim 12: `applies` is False (and the model's attention
+    still runs, through gather + SDPA, a tree's mask included)."""
     q, kc, vc, meta = ragged([3], [20])
-    tree = [(17, torch.tensor([[True, False, False], [True, True, False], [True, False, True]]))]
-    assert not cpu_attention.applies(q, kc, tree)
-    assert not cpu_attention.applies(q.half(), kc.half(), None)
+    assert not cpu_attention.applies(q.half(), kc.half())
     torch.set_num_threads(2)
-    assert not cpu_attention.applies(q, kc, None)
+    assert not cpu_attention.applies(q, kc)
     torch.set_num_threads(1)
-    assert not cpu_attention.applies(torch.randn(3, 9, 12), torch.randn(4, 16, 3, 12), None)  # head_dim 12
+    assert not cpu_attention.applies(torch.randn(3, 9, 12), torch.randn(4, 16, 3, 12))  # head_dim 12
+    tree = [(17, torch.tensor([[True, False, False], [True, True, False], [True, False, True]]))]
+    monkeypatch.setattr(cpu_attention, "applies", lambda *args: False)
     tree_meta = dataclasses.replace(meta, _shared={}, tree_masks=tree)
     assert llama.paged_attention(q, kc, vc, tree_meta).shape == q.shape
+
+
+# A tree of drafts (lesson 10): root r, children a, b, c of r, grandchild d of a; slots base..base+4
+# in that order, each node at the position of its depth.
+TREE_PARENTS = [-1, 0, 0, 0, 1]
+
+
+def tree_case(committed=37, other=(5, 60), seed=0):
+    """A batch of a causal verify request beside a tree request (committed slots, then the 5 nodes):
+    q, caches, the tree metadata, and each node's ancestors (itself included) as node indices."""
+    n = len(TREE_PARENTS)
+    q, kc, vc, meta = ragged([other[0], n], [other[1], committed + n], seed=seed)
+    lines = []
+    for i, p in enumerate(TREE_PARENTS):
+        lines.append(([] if p < 0 else lines[p]) + [i])
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i, line in enumerate(lines):
+        mask[i, line] = True
+    positions = meta.positions.clone()
+    positions[other[0]:] = torch.tensor([committed + len(line) - 1 for line in lines])
+    meta = dataclasses.replace(meta, positions=positions, tree_masks=[None, (committed, mask)], _shared={})
+    return q, kc, vc, meta, lines
+
+
+def tree_reference(q, k_cache, v_cache, meta, lines, first, committed):
+    """Float64: each tree node over the committed slots and its ancestors' slots, nothing else."""
+    H, (_, block_size, Hkv, Dh) = q.shape[1], k_cache.shape
+    table = meta.block_tables[1]
+    out = torch.empty(len(lines), H, Dh, dtype=torch.float64)
+    for i, line in enumerate(lines):
+        slots = [int(table[s // block_size]) * block_size + s % block_size
+                 for s in list(range(committed)) + [committed + j for j in line]]
+        keys = k_cache.reshape(-1, Hkv, Dh)[slots].double().repeat_interleave(H // Hkv, 1)
+        values = v_cache.reshape(-1, Hkv, Dh)[slots].double().repeat_interleave(H // Hkv, 1)
+        weights = torch.softmax(torch.einsum("hd,nhd->hn", q[first + i].double(), keys) / math.sqrt(Dh), -1)
+        out[i] = torch.einsum("hn,nhd->hd", weights, values)
+    return out
+
+
+@needs_kernel
+def test_a_tree_s_nodes_see_the_committed_past_and_their_ancestors_only(monkeypatch):
+    """Against float64 per node, against the torch path's mask, and the causal request beside the
+    tree is untouched by it."""
+    q, kc, vc, meta, lines = tree_case()
+    ours = kernel(q, kc, vc, meta)
+    torch.testing.assert_close(ours[5:].double(), tree_reference(q, kc, vc, meta, lines, 5, 37), rtol=1e-5, atol=2e-6)
+    causal = dataclasses.replace(meta, tree_masks=None, _shared={})
+    assert torch.equal(ours[:5], kernel(q, kc, vc, causal)[:5])
+    monkeypatch.setattr(cpu_attention, "applies", lambda *args: False)
+    torch.testing.assert_close(ours, llama.paged_attention(q, kc, vc, dataclasses.replace(meta, _shared={})),
+                               rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_a_tree_node_has_the_bits_of_the_same_token_in_a_chain():
+    """Node d (ancestors r, a) against a causal chain r, a, d written in consecutive slots: the
+    unseen siblings' weights are exactly 0, so torch.equal, not close (what keeps greedy tree
+    speculation's tokens those of plain decoding)."""
+    q, kc, vc, meta, lines = tree_case()
+    tree_out = kernel(q, kc, vc, meta)
+    table = meta.block_tables[1]
+    slot = lambda s: (int(table[s // 16]), s % 16)
+    kc2, vc2 = kc.clone(), vc.clone()
+    for j, node in enumerate(lines[4]):  # r, a, d into slots 37, 38, 39
+        (b0, o0), (b1, o1) = slot(37 + j), slot(37 + node)
+        kc2[b0, o0], vc2[b0, o0] = kc[b1, o1], vc[b1, o1]
+    chain = AttentionMetadata(positions=torch.tensor([39]), slot_mapping=torch.zeros(1, dtype=torch.long),
+                              query_start_loc=[0, 1], seq_lens=[40], block_tables=meta.block_tables[1:2])
+    assert torch.equal(kernel(q[9:10], kc2, vc2, chain), tree_out[9:10])
+
+
+@needs_kernel
+def test_a_tree_mask_of_the_wrong_shape_is_refused_with_the_cause():
+    q, kc, vc, meta, _ = tree_case()
+    bad = dataclasses.replace(meta, tree_masks=[None, (37, torch.ones(5, 4, dtype=torch.bool))], _shared={})
+    with pytest.raises(ValueError, match="tree mask is"):
+        kernel(q, kc, vc, bad)
 
 
 def test_the_switch_turns_the_kernel_off(tmp_path):

@@ -15,7 +15,8 @@ def test_bench_attention_writes_both_paths_per_forward(tmp_path, capsys):
     path = tmp_path / "attention.json"
     main(["attention", "--rounds", "2", "--calls", "1", "--json", str(path)])
     report = json.loads(path.read_text())
-    assert [r["forward"] for r in report["rows"]][:3] == ["batch 1 decode", "batch 1 verify (5 tokens)", "batch 8 decode"]
+    assert [r["forward"] for r in report["rows"]][:4] == ["batch 1 decode", "batch 1 verify (5 tokens)",
+                                                          "batch 1 tree verify (root + 4 nodes)", "batch 8 decode"]
     for r in report["rows"]:
         assert r["kernel_ms"] > 0 and r["torch_ms"] > 0 and r["speedup_range"][0] <= r["speedup"] <= r["speedup_range"][1]
         assert r["argmax_identical"], r   # the two paths agree on the embedded target's tokens

@@ -3,9 +3,10 @@
     python -m speclab.bench attention --target smollm2 [--json PATH] [--rounds 4] [--calls 5]
 
 Each row is one forward of the target (float32, one thread by default) with its logits: batch-1
-decode and a 5-token verify step over 200 cached tokens, batch 8 the same over 141-313 cached
-tokens (the vs-vllm prompts' lengths plus 100), batch 32 decode over about 150, a 213-token
-prefill and eight prompts prefilled at once (909 tokens). Both paths run the same forward on the
+decode, a 5-token verify step and a tree verify step (bench heads' static 4-node tree of EAGLE drafts,
+lesson 10) over 200 cached tokens, batch 8 the same over 141-313 cached tokens (the vs-vllm prompts'
+lengths plus 100), batch 32 decode over about 150, a 213-token prefill and eight prompts prefilled
+at once (909 tokens). Both paths run the same forward on the
 same caches, interleaved (kernel first in even rounds, torch first in odd ones), each row the
 median of `--calls` forwards per round and the ratio the median over rounds with its range.
 `argmax_identical`: both paths pick the same token at every row of the forward's logits (they round
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from speclab.engine.batch import flatten
+from speclab.engine.batch import TreeChunk, flatten
 from speclab.kv_cache import KVCacheManager
 from speclab.models import cpu_attention
 from speclab.models.hub import model_directory
@@ -34,17 +35,27 @@ PROMPT_LENGTHS = [89, 145, 96, 103, 213, 172, 50, 41]  # the 8 vs-vllm chats' le
 ROWS = {  # name -> (cached tokens per request, new tokens per request)
     "batch 1 decode": ([200], 1),
     "batch 1 verify (5 tokens)": ([200], 5),
+    "batch 1 tree verify (root + 4 nodes)": ([200], "tree"),
     "batch 8 decode": ([n + 100 for n in PROMPT_LENGTHS], 1),
     "batch 8 verify (5 tokens each)": ([n + 100 for n in PROMPT_LENGTHS], 5),
+    "batch 8 tree verify (5 nodes each)": ([n + 100 for n in PROMPT_LENGTHS], "tree"),
     "batch 32 decode": ([150 + 3 * i for i in range(32)], 1),
     "batch 1 prefill (213 tokens)": ([0], 213),
     "batch 8 prefill (909 tokens)": ([0] * 8, PROMPT_LENGTHS),
 }
 
 
+# the tree rows' drafts: a root (the last committed token) and bench heads' static tree [(0,), (1,), (2,), (0, 0)]
+TREE_DEPTHS = [0, 1, 1, 1, 2]
+TREE_MASK = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 0, 0, 1, 0], [1, 1, 0, 0, 1]],
+                         dtype=torch.bool)  # node i sees the nodes of its line (root, its parent, itself)
+
+
 def forward_case(model, cached: list[int], new, seed: int = 0):
-    """(input batch, caches) for one forward of `new` tokens per request over `cached` ones."""
-    new = new if isinstance(new, list) else [new] * len(cached)
+    """(input batch, caches) for one forward of `new` tokens per request over `cached` ones ("tree":
+    the 5 nodes of TREE_MASK, each at the position of its depth)."""
+    tree = new == "tree"
+    new = [len(TREE_DEPTHS)] * len(cached) if tree else new if isinstance(new, list) else [new] * len(cached)
     kv = KVCacheManager(sum((c + n) // 16 + 2 for c, n in zip(cached, new)) + 2, 16)
     caches = model.allocate_kv_cache(kv.pool.num_blocks, 16)
     g = torch.Generator().manual_seed(seed)
@@ -54,7 +65,8 @@ def forward_case(model, cached: list[int], new, seed: int = 0):
         ids = torch.randint(0, model.config.vocab_size, (c + n,), generator=g).tolist()
         if c:
             model(*flatten(kv, [(str(i), ids[:c], 0)]), caches)
-        chunks.append((str(i), ids[c:], c))
+        chunks.append((str(i), ids[c:], c, TreeChunk([c + d for d in TREE_DEPTHS], c, TREE_MASK)) if tree
+                      else (str(i), ids[c:], c))
     return flatten(kv, chunks), caches
 
 
@@ -116,10 +128,10 @@ def main(argv=None) -> None:
           f"{args.threads} thread; load average {info['load_average']}")
     model = load_llama(model_directory(args.target), dtype=torch.float32)
     rows = compare(model, args.rounds, args.calls)
-    print(f"\n{'forward':<32}{'kernel ms':>10}{'torch ms':>10}{'torch / kernel':>22}  same argmax")
+    print(f"\n{'forward':<40}{'kernel ms':>10}{'torch ms':>10}{'torch / kernel':>22}  same argmax")
     for r in rows:
         lo, hi = r["speedup_range"]
-        print(f"{r['forward']:<32}{r['kernel_ms']:>10.1f}{r['torch_ms']:>10.1f}{r['speedup']:>10.2f}x ({lo:.2f}-{hi:.2f})"
+        print(f"{r['forward']:<40}{r['kernel_ms']:>10.1f}{r['torch_ms']:>10.1f}{r['speedup']:>10.2f}x ({lo:.2f}-{hi:.2f})"
               f"  {'yes' if r['argmax_identical'] else 'NO'}")
     info["load_average_at_the_end"] = machine_info()["load_average"]
     print(f"\nload average at the end {info['load_average_at_the_end']}; compare rows of one run.")

@@ -2,7 +2,9 @@
 //
 // The batch holds B requests; request b's new tokens are rows qsl[b] .. qsl[b + 1] of q, and the
 // token at position t attends to its request's cache slots 0..t, found through the block table
-// (slot s lies in block table[b][s / block_size], at offset s % block_size). The caches are
+// (slot s lies in block table[b][s / block_size], at offset s % block_size). A request whose new
+// tokens are a tree of drafts (lesson 10) has its nodes in slots base.. of its cache, and a node
+// sees the committed slots and its ancestors' only (`attend` says how). The caches are
 // (num_blocks, block_size, Hkv, Dh), float32 or bfloat16, contiguous, and already hold this step's
 // keys and values. Query head h reads key/value head h / (H / Hkv) (grouped-query attention).
 // q and out are float32: a bfloat16 model's caller widens q and rounds out (cpu_attention.py), and a
@@ -111,10 +113,16 @@ constexpr long MAX_DH = 128;  // head_dim up to 128, a multiple of 8 (cpu_attent
 // arithmetic is the same sequence whatever R is: the tiling changes what is read together, not a
 // bit of the result. CHUNKS and R are template parameters, so that accumulators stay in registers
 // (with a runtime head_dim they spilled to the stack, which was 3x slower).
+//
+// A token of a tree of drafts (lesson 10) reads slots 0..n-1 of its request, where n is the request's
+// length, but sees only the committed ones (before `base`) and those of its ancestors and itself:
+// `seen` (n - base flags) says which of the slots from `base` on. An unseen slot's score is -inf,
+// so its weight is exactly 0 and adds exactly nothing to the sum or to the values: the output has
+// the bits of the same token attending to the seen slots alone (a causal chain of its ancestors).
 template <typename T, long CHUNKS, int R>
 static void attend(const float* q, long q_head, const T* kc, const T* vc, const long* table,
                    long block_size, long row_stride, long n, float scale, float* scores, long ld_scores,
-                   float* out) {
+                   float* out, const uint8_t* seen, long base) {
     float m[R];
     for (int r = 0; r < R; ++r) m[r] = -INFINITY;
     for (long s0 = 0, blk = 0; s0 < n; s0 += block_size, ++blk) {
@@ -127,8 +135,9 @@ static void attend(const float* q, long q_head, const T* kc, const T* vc, const 
                 const v8 kv = load8(k + 8 * c);
                 for (int r = 0; r < R; ++r) a[r] = fma8(load8(q + r * q_head + 8 * c), kv, a[r]);
             }
+            const bool hidden = seen && s0 + o >= base && !seen[s0 + o - base];
             for (int r = 0; r < R; ++r) {
-                const float x = reduce8(a[r]) * scale;
+                const float x = hidden ? -INFINITY : reduce8(a[r]) * scale;
                 scores[r * ld_scores + s0 + o] = x;
                 m[r] = x > m[r] ? x : m[r];
             }
@@ -175,7 +184,7 @@ static void attend(const float* q, long q_head, const T* kc, const T* vc, const 
 
 template <typename T>
 using attend_t = void (*)(const float*, long, const T*, const T*, const long*, long, long, long, float, float*, long,
-                          float*);
+                          float*, const uint8_t*, long);
 
 constexpr int MAX_R = 4;  // query heads per tile
 
@@ -197,11 +206,14 @@ static attend_t<T> pick(long chunks, int r) {  // attend<T, chunks, r> for head_
 // the caches hold num_blocks blocks of T (float, or bfloat16's bits). Returns 0, or 1 when a
 // position needs a block its table does not hold (a padding -1, an id past the pool, or past the
 // table's width), before anything is read; the caller raises.
+// trees: null (every request causal) or (B, 2) int64: (base, length) of request b when its new tokens
+// are a tree of drafts, (-1, 0) when they are causal; seen: (N, ld_seen) uint8, token i's flags for
+// its request's slots base..length-1 (rows of causal requests are not read).
 template <typename T>
 static int paged_attention(const float* q, long q_tok, long q_head, const T* k_cache, const T* v_cache,
                            long num_blocks, const long* tables, long bt_stride, const long* qsl,
                            const long* positions, float* out, long B, long H, long Hkv, long Dh, long block_size,
-                           float scale) {
+                           float scale, const long* trees, const uint8_t* seen, long ld_seen) {
     const long group = H / Hkv, row_stride = Hkv * Dh;
     // a group's heads in tiles of at most MAX_R, as even as possible (9 heads: 3 + 3 + 3)
     const long tiles = (group + MAX_R - 1) / MAX_R, tile = (group + tiles - 1) / tiles;
@@ -209,6 +221,10 @@ static int paged_attention(const float* q, long q_tok, long q_head, const T* k_c
     for (long b = 0; b < B; ++b) {
         long n = 0;  // the most slots a token of request b reads
         for (long i = qsl[b]; i < qsl[b + 1]; ++i) n = positions[i] + 1 > n ? positions[i] + 1 : n;
+        if (trees && trees[2 * b] >= 0) {
+            if (trees[2 * b + 1] - trees[2 * b] > ld_seen) return 1;
+            n = trees[2 * b + 1];
+        }
         const long blocks = (n + block_size - 1) / block_size;
         if (blocks > bt_stride) return 1;
         for (long j = 0; j < blocks; ++j)
@@ -219,13 +235,15 @@ static int paged_attention(const float* q, long q_tok, long q_head, const T* k_c
     std::vector<float> scores(MAX_R * ld_scores);
     for (long b = 0; b < B; ++b) {
         const long* table = tables + b * bt_stride;
+        const bool tree = trees && trees[2 * b] >= 0;
         for (long i = qsl[b]; i < qsl[b + 1]; ++i) {
-            const long n = positions[i] + 1;  // slots 0..t
+            const long n = tree ? trees[2 * b + 1] : positions[i] + 1;  // a tree's slots, or slots 0..t
+            const uint8_t* flags = tree ? seen + i * ld_seen : nullptr;
             for (long h = 0; h < H; h += tile) {
                 const long g = h / group, r = (g + 1) * group - h < tile ? (g + 1) * group - h : tile;
                 pick<T, MAX_DH / 8>(Dh / 8, (int)r)(q + i * q_tok + h * q_head, q_head, k_cache + g * Dh, v_cache + g * Dh,
                                                   table, block_size, row_stride, n, scale, scores.data(), ld_scores,
-                                                  out + (i * H + h) * Dh);
+                                                  out + (i * H + h) * Dh, flags, tree ? trees[2 * b] : 0);
             }
         }
     }
@@ -237,18 +255,19 @@ extern "C" {
 int speclab_paged_attention(const float* q, long q_tok, long q_head, const float* k_cache, const float* v_cache,
                             long num_blocks, const long* tables, long bt_stride, const long* qsl,
                             const long* positions, float* out, long B, long H, long Hkv, long Dh, long block_size,
-                            float scale) {
+                            float scale, const long* trees, const uint8_t* seen, long ld_seen) {
     return paged_attention<float>(q, q_tok, q_head, k_cache, v_cache, num_blocks, tables, bt_stride, qsl, positions,
-                                  out, B, H, Hkv, Dh, block_size, scale);
+                                  out, B, H, Hkv, Dh, block_size, scale, trees, seen, ld_seen);
 }
 
 // the same with bfloat16 caches (their raw 16-bit patterns)
 int speclab_paged_attention_bf16(const float* q, long q_tok, long q_head, const uint16_t* k_cache,
                                  const uint16_t* v_cache, long num_blocks, const long* tables, long bt_stride,
                                  const long* qsl, const long* positions, float* out, long B, long H, long Hkv,
-                                 long Dh, long block_size, float scale) {
+                                 long Dh, long block_size, float scale, const long* trees, const uint8_t* seen,
+                                 long ld_seen) {
     return paged_attention<uint16_t>(q, q_tok, q_head, k_cache, v_cache, num_blocks, tables, bt_stride, qsl,
-                                     positions, out, B, H, Hkv, Dh, block_size, scale);
+                                     positions, out, B, H, Hkv, Dh, block_size, scale, trees, seen, ld_seen);
 }
 
 }  // extern "C"

@@ -19,9 +19,14 @@ rounded a token's attention differently in a decode step and in a verify step on
 Xeon with AMX (2026-12-02), enough for the distilled draft's greedy speculation to change a
 SmolLM2 answer at its 15th token (tests/test_10_smollm2_spec.py); with the kernel it does not.
 
+A tree of drafts (lesson 10) takes the kernel too: each node reads its request's slots as they are
+and gives the slots it must not see (its siblings' and cousins') a weight of exactly 0, so its
+output has the bits of the same token in a chain of its ancestors. Through the torch path a tree
+step of SmolLM2's static 4-node tree gathered and ran SDPA in every layer, 6 ms of a 55 ms verify
+forward (2026-12-03, Zen 3 EPYC, one thread).
+
 Where it runs: float32 or bfloat16 on a CPU, one torch thread (the kernel is single-threaded; with
-more threads SDPA uses them all), a head_dim that is a multiple of 8 up to 128, causal batches (a
-tree of drafts, lesson 10, takes the torch path with its mask). Built like `cpu_gemm` (`speclab.models.native`);
+more threads SDPA uses them all), a head_dim that is a multiple of 8 up to 128. Built like `cpu_gemm` (`speclab.models.native`);
 SPECLAB_CPU_ATTENTION=0 turns it off, and without a compiler `available()` is False (cpu_gemm's
 warning already says so) and attention takes the torch path.
 """
@@ -47,7 +52,7 @@ def _load():
     global _fn, _why
     if _fn is None:
         p, n = ctypes.c_void_p, ctypes.c_long
-        args = [p, n, n, p, p, n, p, n, p, p, p, n, n, n, n, n, ctypes.c_float]
+        args = [p, n, n, p, p, n, p, n, p, p, p, n, n, n, n, n, ctypes.c_float, p, p, n]
         fns = {}
         for dtype, symbol in zip(DTYPES, ("speclab_paged_attention", "speclab_paged_attention_bf16")):
             fns[dtype], _why = native.load(SOURCE, symbol, args, ctypes.c_int, "SPECLAB_CPU_ATTENTION")
@@ -68,16 +73,17 @@ def why_unavailable() -> str:
     return _why
 
 
-def applies(q: torch.Tensor, k_cache: torch.Tensor, tree_masks) -> bool:
+def applies(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether the kernel takes this attention call (the module docstring's conditions)."""
     Dh = q.shape[-1]
-    return (q.device.type == "cpu" and q.dtype == k_cache.dtype and q.dtype in DTYPES and not tree_masks
+    return (q.device.type == "cpu" and q.dtype == k_cache.dtype and q.dtype in DTYPES
             and Dh % 8 == 0 and Dh <= MAX_HEAD_DIM and q.stride(-1) == 1 and k_cache.is_contiguous()
             and torch.get_num_threads() == 1 and available())
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor,
-                    query_start_loc: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+                    query_start_loc: torch.Tensor, block_tables: torch.Tensor, trees: torch.Tensor | None = None,
+                    seen: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of N flattened tokens over their requests' paged caches.
 
     Args:
@@ -86,6 +92,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         k_cache, v_cache: (num_blocks, block_size, Hkv, Dh) float32 or bfloat16, contiguous.
         positions: (N,) int64, each token's position (it sees its request's slots 0..position).
         query_start_loc: (B + 1,) int64; block_tables: (B, width) int64, contiguous.
+        trees, seen: None (every request causal), or `tree_tables`' two tensors: (B, 2) int64, the
+            (base, length) of a request whose new tokens are a tree of drafts and (-1, 0) for the
+            others; (N, width) uint8, token i's flags for the slots base..length-1 of its request.
     Returns:
         (N, H, Dh) in q's dtype (computed in float32; a bfloat16 result is rounded once at the end).
     """
@@ -105,8 +114,29 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     out = torch.empty(N, H, Dh, dtype=torch.float32)
     failed = fn(q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(), num_blocks,
                 block_tables.data_ptr(), block_tables.shape[1], query_start_loc.data_ptr(), positions.data_ptr(),
-                out.data_ptr(), len(query_start_loc) - 1, H, Hkv, Dh, block_size, Dh ** -0.5)
+                out.data_ptr(), len(query_start_loc) - 1, H, Hkv, Dh, block_size, Dh ** -0.5,
+                None if trees is None else trees.data_ptr(), None if seen is None else seen.data_ptr(),
+                0 if seen is None else seen.shape[1])
     if failed:
         raise ValueError("a token's position reaches a cache block its request's block table does not hold "
                          "(a -1 or an id outside the pool): the scheduler must allocate slots before the forward")
     return out if dtype == torch.float32 else out.to(dtype)
+
+
+def tree_tables(tree_masks, query_start_loc: list[int], seq_lens: list[int]):
+    """The kernel's (trees, seen) for AttentionMetadata.tree_masks: None, or per request None (causal)
+    or (base, mask (n_new, seq_len - base) bool), the slots from base on that each new token sees."""
+    if not tree_masks or all(t is None for t in tree_masks):
+        return None, None
+    width = max(t[1].shape[1] for t in tree_masks if t is not None)
+    trees = torch.tensor([[-1, 0]] * len(seq_lens), dtype=torch.long)
+    seen = torch.zeros(query_start_loc[-1], width, dtype=torch.uint8)
+    for b, tree in enumerate(tree_masks):
+        if tree is not None:
+            base, mask = tree
+            if mask.shape != (query_start_loc[b + 1] - query_start_loc[b], seq_lens[b] - base):
+                raise ValueError(f"request {b}'s tree mask is {tuple(mask.shape)}, not (its new tokens, its length "
+                                 f"- base) = ({query_start_loc[b + 1] - query_start_loc[b]}, {seq_lens[b] - base})")
+            trees[b] = torch.tensor([base, seq_lens[b]])
+            seen[query_start_loc[b]:query_start_loc[b + 1], :mask.shape[1]] = mask.to(torch.uint8)
+    return trees, seen

@@ -133,10 +133,12 @@ class AttentionMetadata:
 
     @cached_property
     def kernel_tables(self):
-        """(positions, query_start_loc, block_tables) as contiguous int64 CPU tensors, made once per
-        forward for speclab.models.cpu_attention."""
+        """(positions, query_start_loc, block_tables) as contiguous int64 CPU tensors and the trees'
+        (trees, seen) tables (None, None without a tree), made once per forward for
+        speclab.models.cpu_attention."""
         return (self.positions.to(torch.long).contiguous(), torch.tensor(self.query_start_loc, dtype=torch.long),
-                self.block_tables.to(torch.long).contiguous())
+                self.block_tables.to(torch.long).contiguous(),
+                *cpu_attention.tree_tables(self.tree_masks, self.query_start_loc, self.seq_lens))
 
     def gather_plan(self, block_size: int, entry_shape, dtype):
         """(blocks, k_buf, v_buf), made once per forward and shared by every layer: the cache blocks
@@ -202,11 +204,12 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
     """Causal attention of a flattened ragged batch over each request's paged cache, in one call.
 
-    Query i of request b (at position t) sees keys 0..t of its own cache. On a CPU in float32 or bf16 with
-    one thread, a causal batch takes speclab's kernel (speclab.models.cpu_attention), which reads
-    each token's slots in place. Otherwise (a tree of drafts, another dtype or device, more threads)
-    the B requests are padded to a rectangle: queries (B, Qmax), keys and values gathered through
-    the block tables (B, Cmax), one masked SDPA over it.
+    Query i of request b (at position t) sees keys 0..t of its own cache (a tree's node: the committed
+    keys and its ancestors', `meta.tree_masks`). On a CPU in float32 or bf16 with one thread, the
+    batch takes speclab's kernel (speclab.models.cpu_attention), which reads each token's slots in
+    place. Otherwise (another dtype or device, more threads) the B requests are padded to a
+    rectangle: queries (B, Qmax), keys and values gathered through the block tables (B, Cmax), one
+    masked SDPA over it.
 
     Args:
         q: (N, H, Dh) queries of all requests' new tokens.
@@ -214,7 +217,7 @@ def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tenso
     Returns:
         (N, H, Dh) attention outputs, in the flattened order.
     """
-    if cpu_attention.applies(q, k_cache, meta.tree_masks):
+    if cpu_attention.applies(q, k_cache):
         return cpu_attention.paged_attention(q, k_cache, v_cache, *meta.kernel_tables)
     N, H, Dh = q.shape
     B, block_size = len(meta.seq_lens), k_cache.shape[1]
