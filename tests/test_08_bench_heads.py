@@ -33,8 +33,10 @@ def test_bench_heads_writes_one_consistent_row_per_method_and_set(tmp_path, caps
                                                                    "dynamic: steps 3, topk 2"}
     for r in rows:
         assert r["identical"] is True, f"greedy output differs from plain decoding: {r}"
+        assert 0 < r["prefill_share"] < 1, r  # every row prefilled its prompt, and decoded after it
+        assert r["decode_speedup_range"][0] <= r["decode_speedup"] <= r["decode_speedup_range"][1], r
         if r["method"] == "none":
-            assert r["speedup"] == 1.0 and r["mean_acceptance_length"] == 1.0
+            assert r["speedup"] == 1.0 and r["decode_speedup"] == 1.0 and r["mean_acceptance_length"] == 1.0
             continue
         per_pos = r["acceptance_per_position"][:r["k"]]
         assert all(a >= b - 1e-9 for a, b in zip(per_pos, per_pos[1:])), f"acceptance rose with position: {r}"
@@ -62,3 +64,24 @@ def test_sampled_chats_run_to_max_tokens_so_rows_carry_the_same_prefill():
         seconds, outs = run_set(FakeLLM(), [[{"role": "user", "content": "hi"}]], temperature, 8, chat=True)
         assert outs == [[1, 2]] and seconds >= 0
     assert [p.ignore_eos for p in seen] == [False, True]
+
+
+def test_prefill_time_counts_the_target_s_forwards_over_more_than_a_step_s_tokens():
+    """The decode column's prefill: forwards over more than k + 1 tokens (a prompt), not the decode
+    or verify steps (1 .. k + 1 tokens), on the one model the rows share."""
+    import time
+
+    import torch
+
+    from speclab.bench.heads import time_prefill
+
+    class FakeModel:
+        def forward(self, input_ids, *rest):
+            time.sleep(0.02 if len(input_ids) > 5 else 0.2)  # a step counted by mistake would add 0.2 s
+            return input_ids
+
+    model = FakeModel()
+    acc = time_prefill(model, max_step_tokens=5)
+    for n in (120, 1, 5, 3, 40):
+        model.forward(torch.zeros(n))
+    assert 0.04 <= acc["seconds"] < 0.2, acc  # the two prompts' 20 ms each, none of the steps' 200 ms

@@ -10,7 +10,11 @@ number of tokens per step. Every row is one LLM; the rows share the target's wei
 set once, so drifting load falls on all rows alike; times are medians over the rounds and a
 speedup's range is over the rounds (each against the plain row of its own round).
 
-Reported per row: tokens/s, speedup over plain decoding, acceptance per position (accepted at
+Reported per row: tokens/s, speedup over plain decoding, the decode phase's speedup (the same with
+each prompt's prefill taken out: the target's forwards over more than k + 1 tokens, which every row
+runs alike, and the first token they produce; at SmolLM2's 48 tokens per answer a prompt's prefill
+was a quarter to a third of plain decoding's time on 2026-12-03's Zen 3, so the end-to-end figure
+dilutes what speculation does to the decode steps, the figure vLLM reports as TPOT), acceptance per position (accepted at
 position i, a tree's depth i, / drafts), acceptance rate (accepted / drafted: a tree drafts more
 tokens than it can keep), mean acceptance length tau (1 + accepted / drafts), the drafting cost c
 (the proposer's time per drafted token over the plain row's time per token) and, at T = 0,
@@ -95,6 +99,19 @@ def time_proposer(llm) -> dict:
     return acc
 
 
+def time_prefill(model, max_step_tokens: int) -> dict:
+    """Time the target's forwards over more than `max_step_tokens` tokens (prompt prefills: a decode or
+    verify step of these batch-1 rows has at most k + 1): {"seconds"} accumulates. Rows that share
+    the target's weights share its model, so one wrapper serves them all."""
+    acc = {"seconds": 0.0}
+
+    def on_call(seconds, args, _out):
+        if int(args[0].numel()) > max_step_tokens:
+            acc["seconds"] += seconds
+    wrap_timed(model, "forward", on_call)
+    return acc
+
+
 def run_set(llm, prompts, temperature: float, max_tokens: int, chat: bool) -> tuple[float, list[list[int]]]:
     """(seconds, output token ids) over the prompts, one request at a time (batch 1)."""
     # a sampled answer runs to max_tokens, so each row's time per token carries the same prefill
@@ -113,6 +130,11 @@ def measure(rows, prompt_sets, temperature, args, real) -> dict:
     small = dict(max_num_seqs=4, kv_cache_gb=0.25)  # batch 1: a small pool per row
     llms = [LLM(args.target, speculative_config=r.spec, **small) for r in rows]
     timers = [time_proposer(llm) for llm in llms]
+    prefill = {}  # id(target model) -> its prefill timer
+    for llm in llms:
+        model = llm.engine.runner.model
+        if id(model) not in prefill:
+            prefill[id(model)] = time_prefill(model, max(r.k for r in rows) + 1)
     first = next(iter(prompt_sets.values()))[0]
     for llm in llms:  # warm-up, then counters from zero
         run_set(llm, [first], temperature, 8, real)
@@ -124,11 +146,16 @@ def measure(rows, prompt_sets, temperature, args, real) -> dict:
         for i, (llm, timer) in enumerate(zip(llms, timers)):
             for kind, prompts in prompt_sets.items():
                 before, drafting = counters(llm.engine.stats), dict(timer)
+                prefill_timer = prefill[id(llm.engine.runner.model)]
+                prefill_before = prefill_timer["seconds"]
                 secs, outs = run_set(llm, prompts, temperature, args.max_tokens, real)
-                cell = out.setdefault((i, kind), {"seconds": [], "tokens": [], "outputs": outs, "drafts": 0,
-                                                  "drafted": 0, "accepted": 0, "per_pos": None, "propose_s": 0.0, "proposed": 0})
+                cell = out.setdefault((i, kind), {"seconds": [], "tokens": [], "prefill_s": [], "outputs": outs,
+                                                  "drafts": 0, "drafted": 0, "accepted": 0, "per_pos": None,
+                                                  "propose_s": 0.0, "proposed": 0})
                 cell["seconds"].append(secs)
                 cell["tokens"].append(sum(len(o) for o in outs))
+                cell["prefill_s"].append(prefill_timer["seconds"] - prefill_before)
+                cell["prompts"] = len(prompts)
                 after = counters(llm.engine.stats)
                 for j, key in enumerate(("drafts", "drafted", "accepted")):
                     cell[key] += after[j] - before[j]
@@ -161,14 +188,15 @@ def bench_heads(args) -> None:
         for temperature in args.temperatures:
             rows = rows_for(real, k, temperature, args.draft, getattr(args, "head_methods", None))
             cells = measure(rows, prompt_sets, temperature, args, real)
-            print(f"\n{'set':<8}{'T':>3} {'method':<12}{'tree':<34}{'tok/s':>7}{'speedup':>20}{'pred':>7}{'c':>7}"
+            print(f"\n{'set':<8}{'T':>3} {'method':<12}{'tree':<34}{'tok/s':>7}{'speedup':>20}{'decode':>20}{'pred':>7}{'c':>7}"
                   f"{'rate':>6}{'tau':>6} {'same':>5}  acceptance per position")
             for kind in sets:
                 plain = cells[(0, kind)]
                 for i, r in enumerate(rows):
                     table.append(report_row(r, kind, temperature, cells[(i, kind)], plain, v_k))
     info["load_average_at_the_end"] = machine_info()["load_average"]
-    print("\nspeedup: median tokens/s over the plain row's, same set and T (range over the rounds); c: drafting "
+    print("\nspeedup: median tokens/s over the plain row's, same set and T (range over the rounds); decode: the "
+          "same after each prompt's prefill and first token (which every row computes alike); c: drafting "
           "seconds per drafted token / plain seconds per token; rate: accepted / drafted; same: output identical to "
           f"plain greedy (T = 0). Load average at the end {info['load_average_at_the_end']}.")
     if args.json:
@@ -183,6 +211,10 @@ def report_row(r: Row, kind: str, temperature: float, cell: dict, plain: dict, v
     per_token = [s / n for s, n in zip(cell["seconds"], cell["tokens"])]
     base = [s / n for s, n in zip(plain["seconds"], plain["tokens"])]
     ratios = [b / t for b, t in zip(base, per_token)]
+
+    def decode_per_token(c):  # after each prompt's prefill and the first token it gives
+        return [(s - p) / max(n - c["prompts"], 1) for s, p, n in zip(c["seconds"], c["prefill_s"], c["tokens"])]
+    decode_ratios = [b / t for b, t in zip(decode_per_token(plain), decode_per_token(cell))]
     spec, drafts = r.spec is not None, max(cell["drafts"], 1)
     c = cell["propose_s"] / max(cell["proposed"], 1) / statistics.median(base) if spec else 0.0
     tau = 1 + cell["accepted"] / drafts if spec else 1.0
@@ -192,15 +224,19 @@ def report_row(r: Row, kind: str, temperature: float, cell: dict, plain: dict, v
            "draft_vocab_size": vocab,
            "tok_per_s": 1 / statistics.median(per_token), "speedup": statistics.median(ratios),
            "speedup_range": [min(ratios), max(ratios)],
+           "decode_speedup": statistics.median(decode_ratios),
+           "decode_speedup_range": [min(decode_ratios), max(decode_ratios)],
+           "prefill_share": statistics.median(p / s for p, s in zip(cell["prefill_s"], cell["seconds"])),
            "acceptance_rate": cell["accepted"] / max(cell["drafted"], 1) if spec else None,
            "mean_acceptance_length": tau,
            "acceptance_per_position": [a / drafts for a in cell["per_pos"]] if spec else [],
            "c": c, "predicted_speedup": tau / (v_k + r.k * c) if spec else 1.0, "identical": identical}
     per_pos = " ".join(f"{a:.2f}" for a in row["acceptance_per_position"][:r.k])
     speed = f"{row['speedup']:.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+    decode = f"{row['decode_speedup']:.2f}x ({min(decode_ratios):.2f}-{max(decode_ratios):.2f})"
     same = "" if identical is None else ("yes" if identical else "NO")
     label = (r.tree or ("chain" + (f", vocab {vocab}" if vocab else ""))) if spec else ""
-    print(f"{kind:<8}{temperature:>3g} {r.method:<12}{label:<34}{row['tok_per_s']:>7.1f}{speed:>20}"
+    print(f"{kind:<8}{temperature:>3g} {r.method:<12}{label:<34}{row['tok_per_s']:>7.1f}{speed:>20}{decode:>20}"
           f"{row['predicted_speedup']:>6.2f}x{c:>7.3f}{(row['acceptance_rate'] or 0):>6.2f}{tau:>6.2f} {same:>5}  "
           f"{per_pos}", flush=True)
     return row
