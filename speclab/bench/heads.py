@@ -13,8 +13,8 @@ speedup's range is over the rounds (each against the plain row of its own round)
 Reported per row: tokens/s, speedup over plain decoding, the decode phase's speedup (the same with
 each prompt's prefill taken out: the target's forwards over more than k + 1 tokens, which every row
 runs alike, and the first token they produce; at SmolLM2's 48 tokens per answer a prompt's prefill
-was a quarter to a third of plain decoding's time on 2026-12-03's Zen 3, so the end-to-end figure
-dilutes what speculation does to the decode steps, the figure vLLM reports as TPOT), acceptance per position (accepted at
+was 8-23 % of plain decoding's time on 2026-12-03's Zen 3, so the end-to-end figure dilutes what
+speculation does to the decode steps, which vLLM's benchmarks report as TPOT), acceptance per position (accepted at
 position i, a tree's depth i, / drafts), acceptance rate (accepted / drafted: a tree drafts more
 tokens than it can keep), mean acceptance length tau (1 + accepted / drafts), the drafting cost c
 (the proposer's time per drafted token over the plain row's time per token) and, at T = 0,
