@@ -21,13 +21,13 @@ SmolLM2 answer at its 15th token (tests/test_10_smollm2_spec.py); with the kerne
 
 A tree of drafts (lesson 10) takes the kernel too: each node reads its request's slots as they are
 and gives the slots it must not see (its siblings' and cousins') a weight of exactly 0, so its
-output has the bits of the same token in a chain of its ancestors. Through the torch path a tree
-step of SmolLM2's static 4-node tree gathered and ran SDPA in every layer, 6 ms of a 55 ms verify
-forward (2026-12-03, Zen 3 EPYC, one thread).
+output has the bits of the same token in a chain of its ancestors. Against the torch path's gather
+and masked SDPA, a SmolLM2 forward verifying bench heads' 4-node static tree was 1.01x at batch 1 and
+1.15x at batch 8 (`python -m speclab.bench attention`, 2026-12-03, Zen 3 EPYC, one thread).
 
 Where it runs: float32 or bfloat16 on a CPU, one torch thread (the kernel is single-threaded; with
-more threads SDPA uses them all), a head_dim that is a multiple of 8 up to 128. Built like `cpu_gemm` (`speclab.models.native`);
-SPECLAB_CPU_ATTENTION=0 turns it off, and without a compiler `available()` is False (cpu_gemm's
+more threads SDPA uses them all), a head_dim that is a multiple of 8 up to 128. Built like `cpu_gemm`
+(`speclab.models.native`); SPECLAB_CPU_ATTENTION=0 turns it off, and without a compiler `available()` is False (cpu_gemm's
 warning already says so) and attention takes the torch path.
 """
 
