@@ -135,8 +135,19 @@ def test_torch_s_ops_take_what_the_kernels_do_not():
 
 
 def test_the_switch_turns_the_kernels_off(tmp_path):
-    script = ("from speclab.models import cpu_elementwise as c; "
-              "print('available', c.available(), c.why_unavailable())")
+    script = ("import torch; from speclab.models import cpu_elementwise as c\n"
+              "print('available', c.available(), c.why_unavailable())\n"
+              "try:\n    c.silu_mul(torch.ones(1, 8))\nexcept RuntimeError as e:\n    print('refused:', e)")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "SPECLAB_CACHE": str(tmp_path), "SPECLAB_CPU_ELEMENTWISE": "0"}).stdout
     assert "available False SPECLAB_CPU_ELEMENTWISE=0" in out, out
+    assert "refused: speclab's elementwise CPU kernels are not available: SPECLAB_CPU_ELEMENTWISE=0" in out, out
+
+
+@needs_kernel
+def test_a_kernel_called_first_loads_itself():
+    """Called before `applies` or `available` ever ran in the process (a script or a lesson calling
+    it directly), a kernel loads itself rather than failing on the unloaded table."""
+    script = "import torch; from speclab.models import cpu_elementwise as c; print(c.silu_mul(torch.zeros(2, 6)).sum().item())"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "0.0", out.stderr
