@@ -23,7 +23,8 @@ A tree of drafts (lesson 10) takes the kernel too: each node reads its request's
 and gives the slots it must not see (its siblings' and cousins') a weight of exactly 0, so its
 output has the bits of the same token in a chain of its ancestors. Against the torch path's gather
 and masked SDPA, a SmolLM2 forward verifying bench heads' 4-node static tree was 1.01x at batch 1 and
-1.15x at batch 8 (`python -m speclab.bench attention`, 2026-12-03, Zen 3 EPYC, one thread).
+1.15x at batch 8 (`python -m speclab.bench attention`, 2026-12-03, Zen 3 EPYC, one thread, load average
+1.0 from the benchmark itself; 6 interleaved rounds, ranges 0.84-1.33x and 1.12-1.37x).
 
 Where it runs: float32 or bfloat16 on a CPU, one torch thread (the kernel is single-threaded; with
 more threads SDPA uses them all), a head_dim that is a multiple of 8 up to 128. Built like `cpu_gemm`

@@ -20,7 +20,8 @@
 //
 // Built by speclab/models/native.py like cpu_gemm.cpp (-O3 -march=native -ffp-contract=off).
 // RMSNorm's and RoPE's loops are plain enough for GCC to vectorise (g++ -fopt-info-vec says so);
-// SiLU is written on 8 lanes, since GCC left its scalar loop alone (22 µs a SmolLM2 row, now 6).
+// SiLU is written on 8 lanes, since GCC left its scalar loop alone (22 µs a SmolLM2 row, now 6: timeit
+// medians of 20,000 calls through ctypes, one thread, 2026-12-03's Zen 3 EPYC, load average about 1).
 
 #include <cmath>
 #include <cstdint>

@@ -58,7 +58,8 @@ def why_unavailable() -> str:
 def applies(*tensors: torch.Tensor) -> bool:
     """Whether the kernels take these tensors: float32 on a CPU, rows contiguous, no autograd.
     (Called about 120 times a forward, so it reads attributes that cost no allocation: `is_cpu`,
-    not `device.type`; it cost 6 µs a call written with a generator over `device.type`.)"""
+    not `device.type`; it cost 6 µs a call written with a generator over `device.type`, 1.3 µs now:
+    timeit, one thread, 2026-12-03's Zen 3 EPYC, load average about 1.)"""
     if torch.is_grad_enabled() or not (_fns or available()):
         return False
     for t in tensors:
