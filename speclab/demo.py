@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from speclab import stats
+from speclab import process_memory, stats
 from speclab.metrics import SpecDecodingStats
 from speclab.models import smollm2_draft
 from speclab.models.draft_vocab import RANKING_FILE
@@ -89,8 +89,7 @@ def machine_line(threads: int) -> str:
 
 def peak_memory_line() -> str:
     """This process's peak resident memory (what a learner's laptop must hold)."""
-    import resource
-    return f"peak memory {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GB"
+    return f"peak memory {process_memory.peak_gb():.2f} GB"
 
 
 def speedup_text(ratios: list[float]) -> str:

@@ -8,10 +8,11 @@ import ctypes
 import gc
 import importlib
 import os
-import resource
 import time
 
 import pytest
+
+from speclab import process_memory
 
 
 def _has_cuda() -> bool:
@@ -95,10 +96,6 @@ def _resident_gb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
 
 
-def _peak_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KB on Linux
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _release_memory(request):
     """After each test module: collect its garbage and hand freed heap back to the OS (glibc's
@@ -113,7 +110,7 @@ def _release_memory(request):
     except (OSError, AttributeError):  # not glibc
         pass
     if os.path.exists("/proc/self/statm"):
-        _MEMORY.append((request.module.__name__, _resident_gb(), _peak_gb()))
+        _MEMORY.append((request.module.__name__, _resident_gb(), process_memory.peak_gb()))
 
 
 def pytest_sessionfinish(session):
@@ -124,6 +121,14 @@ def pytest_sessionfinish(session):
 
 
 _WORKERS: dict[str, list] = {}  # on the xdist controller: worker id -> that worker's _MEMORY
+_TREE = None  # on the controller (or the only process): a sampler of every process under it
+
+
+def pytest_configure(config):
+    """Start sampling the memory of the whole run (this process, its workers and whatever they start)."""
+    global _TREE
+    if getattr(config, "workerinput", None) is None and process_memory.supported():
+        _TREE = process_memory.TreeSampler(interval=1.0).start()
 
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook: defined only when pytest-xdist is installed
@@ -153,10 +158,12 @@ def pytest_terminal_summary(terminalreporter):
             f"{n.removeprefix('tests.')} {s:.0f} s" for s, n in slow) + f" (of {sum(s for s, _ in _SECONDS):.0f} s)")
     if _MEMORY:
         terminalreporter.write_line("memory: " + _memory_line(_MEMORY))
+    if _TREE is not None:
+        terminalreporter.write_line("memory: the whole run at its peak: " + _TREE.stop().line())
     workers = {w: r for w, r in sorted(_WORKERS.items()) if r}
     if workers:
         total = sum(r[-1][2] for r in workers.values())
-        terminalreporter.write_line(f"memory: {len(workers)} workers, their peaks add up to {total:.2f} GB (a bound on the "
-                                    "two at once; the notebook kernels and vLLM engines they start are not counted)")
+        terminalreporter.write_line(f"memory: {len(workers)} workers, their peaks add up to {total:.2f} GB (their own "
+                                    "processes only; the line above counts everything at once)")
         for w, r in workers.items():
             terminalreporter.write_line(f"memory: {w}: " + _memory_line(r))
