@@ -55,6 +55,11 @@ demo: setup
 # pytest no longer reads.) Two workers at once took up to 10.1 GB above idle (2026-12-01: the real model's
 # modules in one worker beside a lesson or a vLLM engine in the other), so they run only where the machine
 # has 16 GB or more; below that, one process (about 37 minutes, 6.2 GB). TEST_WORKERS=0 or 2 forces either.
+# Every run prints the whole run's peak (every process under pytest, sampled each second: tests/conftest.py).
+# 2026-12-03, two workers: 9.7 GB resident, 8.6 GB proportional, when test_22_serve_side_by_side's vLLM server
+# (4.3 GB) and speclab's ran beside the real-model tests. Running the vLLM tests last, alone, lowered that to
+# 6.8 GB but added 6 minutes (23 min 21 s in all, too close to CI's 30-minute budget with `make vllm`), so
+# they stay in the two workers' run.
 TEST_WORKERS ?= $(shell awk '/^MemTotal:/ { print ($$2 >= 16000000) ? 2 : 0 }' /proc/meminfo 2>/dev/null || echo 0)
 
 test: setup
