@@ -29,7 +29,7 @@ PROC = Path("/proc")
 
 
 def peak_gb() -> float:
-    """This process's peak resident memory so far, in GB (`ru_maxrss` is in KB on Linux)."""
+    """This process's peak resident memory so far, in GB (`ru_maxrss` is in KiB on Linux)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
 
 
