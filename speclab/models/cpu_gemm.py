@@ -21,7 +21,7 @@ for the switch).
 The kernel is single-threaded: with more than one torch thread the libraries, which use them all,
 run instead (`PackedLinear`).
 
-On AVX2 (a Zen 3 EPYC, 2026-12-03, one thread) five rows still cost 1.18-1.21x one row over SmolLM2's
+On AVX2 (a Zen 3 EPYC, 2026-12-03, one thread, load average 0.7-1.1, medians of 9 interleaved rounds) five rows still cost 1.18-1.21x one row over SmolLM2's
 projections, and the weight's layout is what moves that, not the arithmetic. Keeping each x chunk in a
 register and reducing eight sums at once with shuffles made five rows 20-25 % faster from L2 (the
 arithmetic alone went from 72 to 96 % of the core's 93 GFLOP/s at K = 576) but 3-11 % slower streamed
