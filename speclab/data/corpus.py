@@ -103,3 +103,23 @@ def manifest(files: list[SourceFile]) -> dict:
         "heldout_modules": sorted({f.module for f in files if f.split == "heldout"}),
         "files": [{"name": f.name, "split": f.split, "sha256": f.sha256} for f in files],
     }
+
+
+def token_windows(tokenizer_dir: str | Path, n_train: int, n_held: int, seq_len: int, seed: int = 0) -> dict:
+    """{'train': [...], 'heldout': [...]}: windows of seq_len + 1 token ids of the corpus in a tokenizer's ids,
+    at seeded random offsets: the train split's every module, the held-out split's every third (as since
+    the first heads). The real model's EAGLE head and its distilled draft read code from here."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
+    files = collect()
+    out = {}
+    for split, n in (("train", n_train), ("heldout", n_held)):
+        ids = []
+        for enc in tok.encode_batch([f.text for f in files if f.split == split][::1 if split == "train" else 3]):
+            ids += enc.ids
+        ids = np.asarray(ids)
+        rng = np.random.default_rng(seed + (split == "heldout"))
+        out[split] = [ids[s:s + seq_len + 1].tolist() for s in rng.integers(0, len(ids) - seq_len - 1, n)]
+    return out

@@ -41,10 +41,8 @@ import argparse
 import json
 import math
 import os
-import signal
 import statistics
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +57,8 @@ from speclab.kv_cache import KVCacheManager
 from speclab.models.heads.eagle import ttt_mask
 from speclab.models.heads import HEADS_DIR, build_head, new_config, save_head
 from speclab.cpu_info import cpu_name
+from speclab.data.corpus import token_windows
+from speclab.train.resumable import Stop, save_atomic
 
 DEFAULTS = {  # method -> (loss, training-time-test steps)
     "eagle": dict(ttt=1), "eagle3": dict(ttt=3), "mtp": dict(ttt=1), "medusa": dict(ttt=1),
@@ -150,25 +150,6 @@ def teacher_sequences(n_held: int = 24, max_len: int = 640):
     return split, loss_from, about
 
 
-def code_windows(tokenizer_dir, n_train: int, n_held: int, seq_len: int, seed: int = 0):
-    """Windows of the stdlib corpus (train split; held-out modules for evaluation) in a tokenizer's ids."""
-    import numpy as np
-    from tokenizers import Tokenizer
-
-    from speclab.data.corpus import collect
-    tok = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
-    files = collect()
-    out = {}
-    for split, n in (("train", n_train), ("heldout", n_held)):
-        ids = []  # train: every module of the split (2.1M tokens); held out: every third, as since the first heads
-        for enc in tok.encode_batch([f.text for f in files if f.split == split][::1 if split == "train" else 3]):
-            ids += enc.ids
-        ids = np.asarray(ids)
-        rng = np.random.default_rng(seed + (split == "heldout"))
-        out[split] = [ids[s:s + seq_len + 1].tolist() for s in rng.integers(0, len(ids) - seq_len - 1, n)]
-    return out
-
-
 def load_data(target_name: str, model, layers: tuple[int, ...], args) -> dict | None:
     """{'train': [(tokens, hidden, loss_from)], 'heldout': [...], 'about': {...}}, cached on disk
     (None with args.collect_only: this process only helps collect the hidden states, see
@@ -187,7 +168,7 @@ def load_data(target_name: str, model, layers: tuple[int, ...], args) -> dict | 
         from speclab.train.teacher import teacher_manifest
         seqs, plens, about = teacher_sequences()
         held = args.heldout_windows or max(4, args.windows // 12)
-        code = code_windows(model_dir(), args.windows, held, args.seq_len)
+        code = token_windows(model_dir(), args.windows, held, args.seq_len)
         about["code_windows"] = {"source": "stdlib corpus, train split (held-out modules for eval)",
                                  "tokens_each": args.seq_len + 1, "train": args.windows, "heldout": held}
         about["answers_train"] = len(seqs["train"])  # data["train"][:answers_train]: the teacher's
@@ -592,33 +573,9 @@ def run_dir(out: Path) -> Path:
     return cache_dir() / "runs" / out.name
 
 
-class _Stop:
-    """Ctrl-C or SIGTERM sets .asked; the loop then checkpoints and ends (a second Ctrl-C kills)."""
-
-    def __init__(self):
-        self.asked = False
-
-    def __enter__(self):  # signal handlers exist only in the main thread: elsewhere, no early stop
-        main = threading.current_thread() is threading.main_thread()
-        self.old = {sig: signal.signal(sig, self._ask) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
-        return self
-
-    def _ask(self, sig, frame):
-        if self.asked:
-            raise KeyboardInterrupt
-        self.asked = True
-
-    def __exit__(self, *exc):
-        for sig, handler in self.old.items():
-            signal.signal(sig, handler)
-
-
 def _checkpoint(path: Path, head, opt, gen: torch.Generator, state: dict) -> None:
     """Write the run's state atomically: a stop in the middle leaves the previous checkpoint."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(), **state},
-               path.with_suffix(".tmp"))
-    path.with_suffix(".tmp").rename(path)
+    save_atomic(path, {"head": head.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(), **state})
 
 
 def _train(args, cfg, head, target, stored: tuple[int, ...], data: dict, log, ckpt: Path) -> _Fit | None:
@@ -648,7 +605,7 @@ def _train(args, cfg, head, target, stored: tuple[int, ...], data: dict, log, ck
     state = lambda: {"step": step, "ema": ema, "train_seconds": elapsed(), "load_average": loads,  # noqa: E731
                      "resumed": resumed, "method": args.method, "target": args.target}
     bar = tqdm(total=args.steps, initial=step, desc=f"{args.method}", mininterval=5)
-    with _Stop() as stop:
+    with Stop() as stop:
         while step < args.steps and progress < 1.0 and not stop.asked:
             progress = max(step / args.steps, elapsed() / (args.minutes * 60))
             lr = _lr(args, step, progress)

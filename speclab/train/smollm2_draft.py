@@ -2,6 +2,14 @@
 
     python -m speclab.train.smollm2_draft            # train, ship, evaluate (about an hour on 2 cores)
     python -m speclab.train.smollm2_draft --eval-only
+    python -m speclab.train.smollm2_draft --init shipped --code-windows 800 --teacher-share 0.6 --lr 5e-4 \
+        --threads 1 --budget-minutes 60 --out DIR     # go on training the shipped draft, on more data
+
+Long runs stop and resume: every --checkpoint-minutes (default 5) the draft's layers, the optimiser,
+both random generators, the data order and the minutes trained go to $SPECLAB_CACHE/smollm2-draft-train/
+runs/NAME/checkpoint.pt; Ctrl-C (or SIGTERM) writes one more and exits, and the same command with
+--resume goes on from it (at equal steps, to the same weights; the time budget counts the minutes
+already trained). `--precompute-only` computes the soft labels first, on both cores.
 
 The recipe (every choice is recorded in the shipped MANIFEST.json):
 
@@ -21,6 +29,10 @@ The recipe (every choice is recorded in the shipped MANIFEST.json):
 5. **Ship.** config.json, the layers and final norm in float16 (layers.safetensors, about 28 MB),
    MANIFEST.json; `speclab.models.smollm2_draft.draft_dir()` materializes the full HF directory.
 6. **Evaluate** (`smollm2_draft_eval`): cost ratio c, and acceptance on the held-out sets with the engine.
+
+`--init shipped` replaces step 3 with the shipped draft (the manifest keeps the earlier run's record
+as earlier_run); `--code-windows N` adds N windows of the corpus' train split to step 1's data, with
+a loss at every position, and `--teacher-share` sets how often the answers are drawn beside them.
 """
 
 from __future__ import annotations
@@ -43,6 +55,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from speclab.cpu_info import cpu_name
+from speclab.train.resumable import Stop, save_atomic
 
 NUM_LAYERS = 4
 CANDIDATES = ((0, 1, 28, 29), (0, 1, 2, 29), (0, 10, 20, 29), (0, 14, 28, 29), (0, 1, 15, 29))
@@ -51,6 +64,7 @@ PROMPT_WEIGHT = 0.1        # share of prompt positions that get a loss (every re
 VAL_EVERY = 6   # one source in VAL_EVERY (by hash) is validation
 VAL_DURING = 32  # validation sequences measured during training (early stopping); the final figures use all
 COMMAND = "python -m speclab.train.smollm2_draft"
+WINDOW_LEN = 384           # tokens of a code window (plus one), as the SmolLM2 EAGLE head's
 
 
 def work_dir() -> Path:
@@ -103,11 +117,11 @@ def cached_target_topk(target, seqs: list[list[int]], k: int = TOP_K, log=print)
     return [cache[_key(ids)] for ids in seqs], round(cache.get("__seconds__", 0.0), 1)
 
 
-def precompute(log=print) -> None:
-    """Only the target's top-K over the current teacher data (to overlap with teacher generation)."""
-    from speclab.train.teacher import load_teacher_data
+def precompute(code_windows: int = 0, log=print) -> None:
+    """Only the target's top-K over the current teacher data and `code_windows` code windows (to overlap
+    with teacher generation, or to use both cores before a one-thread training run)."""
     work_dir().mkdir(parents=True, exist_ok=True)
-    cached_target_topk(load_target(), load_teacher_data()["token_ids"], log=log)
+    _prepare_data(None, log, code_windows)
 
 
 def new_draft(target, layers: tuple[int, ...]):
@@ -169,69 +183,126 @@ def lr_at(progress: float, lr: float, warmup: float, min_ratio: float = 0.1) -> 
     return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
 
 
+@dataclass
+class _Loop:
+    """The distillation loop's state between steps: what a checkpoint holds, so that a resumed run goes on
+    exactly where it stopped (the same draws, the same schedule; at equal steps, the same weights)."""
+    step: int = 0
+    positions: int = 0
+    seconds: float = 0.0              # trained so far, across runs: the time budget counts it
+    history: list = None
+    best: dict = None
+    best_state: dict = None
+    order: list = None
+    resumed: int = 0
+
+
+def _own(sd: dict) -> dict:
+    """The draft's own tensors (its embeddings are the target's, frozen): what checkpoints and ships."""
+    return {k: v.detach().clone() for k, v in sd.items() if not k.startswith(("model.embed_tokens", "lm_head"))}
+
+
+def _draw(data: list, loop: _Loop, rng: random.Random, weights: list[float] | None) -> int:
+    """The next training row: a shuffled pass over the data, or with `weights` drawn in proportion."""
+    if weights is not None:
+        return rng.choices(range(len(data)), weights)[0]
+    if not loop.order:
+        loop.order = list(range(len(data)))
+        rng.shuffle(loop.order)
+    return loop.order.pop()
+
+
+def _step(draft, data: list, loop: _Loop, rng, gen, weights, tokens_per_step: int) -> float:
+    """One step's gradients (the optimiser steps outside): rows until tokens_per_step; returns its loss."""
+    parts, n_tok = [], 0
+    while n_tok < tokens_per_step:
+        parts.append(data[_draw(data, loop, rng, weights)])
+        n_tok += len(parts[-1][0])
+    weight = sum(PROMPT_WEIGHT * (pl - 1) + (len(ids) - pl) for ids, pl, _ in parts)   # expected positions
+    total = 0.0
+    for ids, pl, tk in parts:
+        loss, _, _ = seq_loss(draft, ids, pl, tk, gen)
+        (loss / weight).backward()
+        total += loss.item()
+    loop.positions += n_tok
+    return total / weight
+
+
 def train(draft, data: list, val: list, *, steps: int, budget_minutes: float, tokens_per_step: int, lr: float,
-          seed: int, log, eval_every: int = 20) -> dict:
-    """AdamW on the draft's layers and norm; returns the run's figures.
+          seed: int, log, eval_every: int = 20, weights: list[float] | None = None, ckpt: Path | None = None,
+          checkpoint_minutes: float = 5.0, resume: bool = False, should_stop: Callable[[], bool] | None = None,
+          warmup: float = 0.05) -> dict | None:
+    """AdamW on the draft's layers and norm; returns the run's figures, or None when `should_stop` ended it
+    early (the checkpoint `ckpt` then holds the run: the same call with resume=True goes on from it).
 
     The teacher data is small (a 2-core machine generates a few thousand tokens in ten minutes), so
     the run passes over it many times: every `eval_every` steps the validation loss is measured and
     the draft ends with the weights of its best validation (early stopping), measured on the first
-    VAL_DURING validation sequences (all of them would cost as much as the steps between).
+    VAL_DURING validation sequences (all of them would cost as much as the steps between). Every
+    `checkpoint_minutes` the draft, the optimiser, both random generators and the loop's state go to `ckpt`.
     """
     val = val[:VAL_DURING]
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
-    order: list[int] = []
-    t0 = time.perf_counter()
-    history, step, positions, progress = [], 0, 0, 0.0
-    best = {"step": 0, **evaluate(draft, val)}
-    best_state = {k: v.detach().clone() for k, v in draft.state_dict().items()}
-    log(f"validation {best}")
-    bar = tqdm(total=steps, desc="distil", mininterval=5)
+    rng, gen, loop = random.Random(seed), torch.Generator().manual_seed(seed), _Loop(history=[], order=[])
+    if resume and ckpt is not None and ckpt.is_file():
+        st = torch.load(ckpt, weights_only=False)
+        draft.load_state_dict(st["draft"], strict=False)
+        opt.load_state_dict(st["opt"])
+        rng.setstate(st["rng"])
+        gen.set_state(st["gen"])
+        loop = st["loop"]
+        loop.resumed += 1
+        log(f"resumed {ckpt} at step {loop.step} after {loop.seconds / 60:.1f} min of training")
+    else:
+        if resume:
+            log(f"--resume: no checkpoint at {ckpt}; starting from the beginning")
+        loop.best, loop.best_state = {"step": 0, **evaluate(draft, val)}, _own(draft.state_dict())
+        log(f"validation {loop.best}")
+    save = lambda: ckpt is not None and save_atomic(ckpt, {  # noqa: E731
+        "draft": _own(draft.state_dict()), "opt": opt.state_dict(), "rng": rng.getstate(), "gen": gen.get_state(),
+        "loop": loop, "settings": {"steps": steps, "lr": lr, "tokens_per_step": tokens_per_step, "seed": seed}})
+    t0, t_ckpt, base = time.perf_counter(), time.perf_counter(), loop.seconds
+    progress = lambda: max(loop.step / steps, loop.seconds / (60 * budget_minutes))  # noqa: E731
+    bar = tqdm(total=steps, initial=loop.step, desc="distil", mininterval=5)
     draft.train()
-    while progress < 1:
+    while progress() < 1:
+        if should_stop is not None and should_stop():
+            loop.seconds = base + time.perf_counter() - t0
+            save()
+            log(f"stopped at step {loop.step} after {loop.seconds / 60:.1f} min; checkpoint {ckpt}: "
+                f"run the same command with --resume to go on")
+            return None
         opt.zero_grad(set_to_none=True)
-        parts, n_tok = [], 0
-        while n_tok < tokens_per_step:
-            if not order:
-                order = list(range(len(data)))
-                rng.shuffle(order)
-            parts.append(data[order.pop()])
-            n_tok += len(parts[-1][0])
-        weight = sum(PROMPT_WEIGHT * (pl - 1) + (len(ids) - pl) for ids, pl, _ in parts)   # expected positions
-        total = 0.0
-        for ids, pl, tk in parts:
-            loss, _, _ = seq_loss(draft, ids, pl, tk, gen)
-            (loss / weight).backward()
-            total += loss.item()
+        loss = _step(draft, data, loop, rng, gen, weights, tokens_per_step)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         for g in opt.param_groups:
-            g["lr"] = lr_at(progress, lr, warmup=0.05)
+            g["lr"] = lr_at(progress(), lr, warmup=warmup)
         opt.step()
-        step, positions = step + 1, positions + n_tok
-        progress = max(step / steps, (time.perf_counter() - t0) / (60 * budget_minutes))
+        loop.step, loop.seconds = loop.step + 1, base + time.perf_counter() - t0
         bar.update(1)
-        bar.set_postfix(loss=f"{total / weight:.3f}")
-        if step % 10 == 0 or progress >= 1:
-            log(f"step {step} loss {total / weight:.4f} lr {opt.param_groups[0]['lr']:.2e} "
-                f"positions {positions} {time.perf_counter() - t0:.0f} s")
-        if step % eval_every == 0 or progress >= 1:
+        bar.set_postfix(loss=f"{loss:.3f}")
+        if loop.step % 10 == 0 or progress() >= 1:
+            log(f"step {loop.step} loss {loss:.4f} lr {opt.param_groups[0]['lr']:.2e} positions {loop.positions} "
+                f"{loop.seconds:.0f} s load {os.getloadavg()[0]:.2f}")
+        if loop.step % eval_every == 0 or progress() >= 1:
             draft.eval()
-            history.append({"step": step, **evaluate(draft, val)})
+            loop.history.append({"step": loop.step, **evaluate(draft, val)})
             draft.train()
-            log(f"validation {history[-1]}")
-            if history[-1]["val_loss"] < best["val_loss"]:
-                best = history[-1]
-                best_state = {k: v.detach().clone() for k, v in draft.state_dict().items()}
+            log(f"validation {loop.history[-1]}")
+            if loop.history[-1]["val_loss"] < loop.best["val_loss"]:
+                loop.best, loop.best_state = loop.history[-1], _own(draft.state_dict())
+        if time.perf_counter() - t_ckpt > 60 * checkpoint_minutes:
+            save()
+            t_ckpt = time.perf_counter()
     bar.close()
-    draft.load_state_dict(best_state)
+    save()
+    draft.load_state_dict(loop.best_state, strict=False)
     draft.eval()
-    log(f"kept the weights of step {best['step']}: {best}")
-    return {"steps": step, "positions_seen": positions, "seconds": round(time.perf_counter() - t0, 1),
-            "val_history": history, "kept_step": best["step"], "eval_every": eval_every,
-            "val_sequences_during_training": len(val)}
+    log(f"kept the weights of step {loop.best['step']}: {loop.best}")
+    return {"steps": loop.step, "positions_seen": loop.positions, "seconds": round(loop.seconds, 1),
+            "val_history": loop.history, "kept_step": loop.best["step"], "eval_every": eval_every,
+            "val_sequences_during_training": len(val), "resumed": loop.resumed}
 
 
 def save_shipped(draft, out: Path, manifest: dict) -> None:
@@ -246,7 +317,25 @@ def save_shipped(draft, out: Path, manifest: dict) -> None:
     cfg["dtype"] = "float32"
     cfg.pop("torch_dtype", None)
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    _keep_ranking(out, manifest)
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def _keep_ranking(out: Path, manifest: dict) -> None:
+    """The token ranking (`draft_vocab_size`) ranks the target's vocabulary, not the draft's: a new draft keeps
+    the shipped one and its manifest record (copied when `out` is another directory)."""
+    import shutil
+
+    from speclab.models.draft_vocab import RANKING_FILE
+    from speclab.models.smollm2_draft import SHIPPED
+    src = out if (out / "MANIFEST.json").is_file() and (out / RANKING_FILE).is_file() else SHIPPED
+    if not (src / RANKING_FILE).is_file() or not (src / "MANIFEST.json").is_file():
+        return
+    record = json.loads((src / "MANIFEST.json").read_text()).get("token_ranking")
+    if record is not None:
+        manifest["token_ranking"] = record
+    if src != out:
+        shutil.copyfile(src / RANKING_FILE, out / RANKING_FILE)
 
 
 @dataclass
@@ -258,6 +347,12 @@ class _Settings:
     lr: float
     seed: int
     layers: tuple[int, ...] | None      # given by --layers, else chosen among CANDIDATES
+    init: str = "layers"                # "layers": a layer-pruned target; "shipped": go on from the shipped draft
+    code_windows: int = 0               # training windows of the stdlib corpus' train split, beside the answers
+    teacher_share: float | None = None  # the answers' share of the rows drawn (None: uniform over all rows)
+    warmup: float = 0.05
+    resume: bool = False
+    checkpoint_minutes: float = 5.0
 
 
 @dataclass
@@ -267,6 +362,7 @@ class _Data:
     tman: dict
     train: list
     val: list
+    windows: int                        # how many of `train` (its last rows) are code windows
     topk_seconds: float                 # the target's top-K in this run
     topk_all_seconds: float             # ... in this run and the earlier ones (cached)
 
@@ -298,8 +394,11 @@ def _logger(path: Path) -> Callable[[str], None]:
     return log
 
 
-def _prepare_data(teacher_answers: int | None, log):
-    """Steps 1-2: the target, the teacher data with its top-K soft labels, split by source: (target, _Data)."""
+def _prepare_data(teacher_answers: int | None, log, code_windows: int = 0):
+    """Steps 1-2: the target, the teacher data with its top-K soft labels, split by source, and
+    `code_windows` windows of the corpus' train split (every position trained on): (target, _Data)."""
+    from speclab.data.corpus import token_windows
+    from speclab.models.smollm2 import model_dir
     from speclab.train.teacher import load_teacher_data, teacher_manifest
 
     teacher = load_teacher_data()
@@ -308,15 +407,40 @@ def _prepare_data(teacher_answers: int | None, log):
         teacher = {k: v[:teacher_answers] for k, v in teacher.items()}
     target = load_target()
     t1 = time.perf_counter()
-    topk, topk_all_seconds = cached_target_topk(target, teacher["token_ids"], log=log)
+    windows = token_windows(model_dir(), code_windows, 0, WINDOW_LEN)["train"] if code_windows else []
+    seqs = [list(ids) for ids in teacher["token_ids"]] + windows
+    topk, topk_all_seconds = cached_target_topk(target, seqs, log=log)
     topk_seconds = round(time.perf_counter() - t1, 1)
     log(f"target top-{TOP_K} over {len(topk)} sequences: {topk_seconds} s")
-    rows = list(zip(teacher["token_ids"], teacher["prompt_lens"], topk))
-    is_val = [_is_val(i) for i in teacher["ids"]]
+    rows = list(zip(seqs, list(teacher["prompt_lens"]) + [1] * len(windows), topk))
+    is_val = [_is_val(i) for i in teacher["ids"]] + [False] * len(windows)
     data = [r for r, v in zip(rows, is_val) if not v]
     val = [r for r, v in zip(rows, is_val) if v]
-    log(f"{len(data)} training sequences ({sum(len(r[0]) for r in data)} tokens), {len(val)} validation")
-    return target, _Data(teacher, tman, data, val, topk_seconds, topk_all_seconds)
+    log(f"{len(data)} training sequences ({sum(len(r[0]) for r in data)} tokens; {len(windows)} of them code "
+        f"windows), {len(val)} validation")
+    return target, _Data(teacher, tman, data, val, len(windows), topk_seconds, topk_all_seconds)
+
+
+def row_weights(d: _Data, teacher_share: float | None) -> list[float] | None:
+    """Per training row, its chance to be drawn: the answers `teacher_share` of the draws, the code windows
+    the rest (None: every row as often, a shuffled pass over them)."""
+    if teacher_share is None or not d.windows:
+        return None
+    if not 0 < teacher_share < 1:
+        raise ValueError(f"--teacher-share {teacher_share}: a fraction strictly between 0 and 1")
+    n_t = len(d.train) - d.windows
+    return [teacher_share / n_t] * n_t + [(1 - teacher_share) / d.windows] * d.windows
+
+
+def load_shipped_layers(draft, shipped: Path) -> None:
+    """Put the shipped draft's layers and final norm (float16 on disk) into `draft`, to go on training it."""
+    from safetensors.torch import load_file
+
+    sd = {k: v.float() for k, v in load_file(str(Path(shipped) / "layers.safetensors")).items()}
+    missing, unexpected = draft.load_state_dict(sd, strict=False)
+    own = [k for k in missing if not k.startswith(("model.embed_tokens", "lm_head"))]
+    if own or unexpected:
+        raise ValueError(f"{shipped} does not fit a {NUM_LAYERS}-layer draft: missing {own}, unexpected {unexpected}")
 
 
 def _layer_init(target, val: list, layers: tuple[int, ...] | None, log) -> _Init:
@@ -355,6 +479,9 @@ def _data_figures(d: _Data) -> dict:
             "teacher_answers_used_greedy": sum(t == 0 for t in teacher["temperature"]),
             "train_sequences": len(d.train), "val_sequences": len(d.val),
             "train_tokens": sum(len(r[0]) for r in d.train),
+            "code_windows": {"train": d.windows, "tokens_each": WINDOW_LEN + 1,
+                             "source": "stdlib corpus, train split (speclab.data.corpus.token_windows, seed 0)",
+                             "loss": "every position (a window has no prompt)"} if d.windows else None,
             "val_split": f"source (function, passage, question) hash % {VAL_EVERY} == 0"}
 
 
@@ -364,7 +491,8 @@ def _training_figures(s: _Settings, d: _Data, init: _Init, fig: dict, final: dic
                     f"(forward KL up to a constant, DistillSpec) at every response position and a random "
                     f"{PROMPT_WEIGHT} share of prompt positions; validation on response positions",
             "optimizer": "AdamW(betas 0.9/0.95, wd 0), grad clip 1.0", "lr": s.lr,
-            "schedule": "linear warmup 5%, cosine to 10%, progress = max(step/steps, elapsed/budget)",
+            "schedule": f"linear warmup {s.warmup:.0%}, cosine to 10%, progress = max(step/steps, elapsed/budget)",
+            "teacher_share": s.teacher_share, "checkpoint_minutes": s.checkpoint_minutes,
             "early_stopping": "the weights of the best validation loss are kept (kept_step)",
             "max_steps": s.steps, "budget_minutes": s.budget_minutes, "tokens_per_step": s.tokens_per_step,
             "seed": s.seed, "trainable": "decoder layers and final norm", **fig,
@@ -386,7 +514,9 @@ def _manifest(draft, s: _Settings, d: _Data, init: _Init, fig: dict, final: dict
         "why": _WHY,
         "init": {"candidates": init.candidates, "chosen_layers": init.best["layers"], "seconds": init.seconds,
                  "selection": "lowest validation loss among the candidates" if s.layers is None else
-                              "given by --layers (the candidates' figures are from the run that chose it)"},
+                              "given by --layers (the candidates' figures are from the run that chose it)"}
+                if s.init == "layers" else {"continued": "from the shipped draft (--init shipped); its own run's "
+                                                         "init is in earlier_run"},
         "data": _data_figures(d),
         "training": _training_figures(s, d, init, fig, final, total),
         "reproduce": [f"{c}  (the teacher set's runs, in order)" for c in tman.get("commands", [tman["command"]])]
@@ -395,29 +525,65 @@ def _manifest(draft, s: _Settings, d: _Data, init: _Init, fig: dict, final: dict
     }
 
 
+def _start(s: _Settings, target, d: _Data, log):
+    """The draft to train and its _Init: layer-pruned from the target (step 3), or the shipped draft."""
+    from speclab.models.smollm2_draft import SHIPPED, shipped_manifest
+    if s.init == "shipped":
+        earlier = shipped_manifest()
+        draft = new_draft(target, tuple(earlier["init"].get("chosen_layers", (0, 14, 28, 29))))
+        load_shipped_layers(draft, SHIPPED)
+        best = {"layers": None, **evaluate(draft, d.val)}
+        log(f"init: the shipped draft {best}")
+        return draft, _Init([], best, 0.0)
+    init = _layer_init(target, d.val, s.layers, log)
+    return new_draft(target, tuple(init.best["layers"])), init
+
+
+def _earlier(s: _Settings) -> dict | None:
+    """The shipped draft's manifest, without its own earlier runs' acceptance details, when this run goes on from it."""
+    if s.init != "shipped":
+        return None
+    from speclab.models.smollm2_draft import shipped_manifest
+    m = shipped_manifest()
+    return {k: m[k] for k in ("init", "data", "training", "reproduce", "created", "cost_ratio", "acceptance",
+                              "verdict", "earlier_run") if k in m}
+
+
 def run(budget_minutes: float = 35.0, steps: int = 400, tokens_per_step: int = 512, lr: float = 1e-3,
         seed: int = 0, out: Path | None = None, evaluate_after: bool = True, teacher_answers: int | None = None,
-        layers: tuple[int, ...] | None = None) -> Path:
-    """The recipe of the module docstring: data, soft labels, layer-pruned init, distillation, ship, evaluate."""
+        layers: tuple[int, ...] | None = None, **more) -> Path | None:
+    """The recipe of the module docstring: data, soft labels, init, distillation, ship, evaluate. `more`: the
+    other _Settings (init, code_windows, teacher_share, warmup, resume, checkpoint_minutes). None when a
+    stop signal ended the run (the same command with --resume goes on)."""
     from speclab.models.smollm2_draft import SHIPPED
 
-    s = _Settings(budget_minutes, steps, tokens_per_step, lr, seed, layers)
+    s = _Settings(budget_minutes, steps, tokens_per_step, lr, seed, layers, **more)
     out = Path(out) if out is not None else SHIPPED
     work_dir().mkdir(parents=True, exist_ok=True)
     log = _logger(work_dir() / "train.log")
     torch.manual_seed(seed)
     t_start = time.perf_counter()
-    log(f"start: {COMMAND}, budget {budget_minutes} min, torch threads {torch.get_num_threads()}")
-    target, d = _prepare_data(teacher_answers, log)
-    init = _layer_init(target, d.val, layers, log)
-    draft = new_draft(target, tuple(init.best["layers"]))
+    log(f"start: {' '.join([COMMAND, *sys.argv[1:]])}, budget {budget_minutes} min, "
+        f"torch threads {torch.get_num_threads()}")
+    target, d = _prepare_data(teacher_answers, log, s.code_windows)
+    draft, init = _start(s, target, d, log)
+    earlier = _earlier(s)
     del target
-    fig = train(draft, d.train, d.val, steps=steps, budget_minutes=budget_minutes, tokens_per_step=tokens_per_step,
-                lr=lr, seed=seed, log=log)
+    with Stop() as stop:
+        fig = train(draft, d.train, d.val, steps=steps, budget_minutes=budget_minutes,
+                    tokens_per_step=tokens_per_step, lr=lr, seed=seed, log=log,
+                    weights=row_weights(d, s.teacher_share), ckpt=work_dir() / "runs" / out.name / "checkpoint.pt",
+                    checkpoint_minutes=s.checkpoint_minutes, resume=s.resume, should_stop=lambda: stop.asked,
+                    warmup=s.warmup)
+    if fig is None:
+        return None
     final = evaluate(draft, d.val)
     log(f"final validation {final}")
     total = round(time.perf_counter() - t_start, 1)
-    save_shipped(draft, out, _manifest(draft, s, d, init, fig, final, total))
+    manifest = _manifest(draft, s, d, init, fig, final, total)
+    if earlier is not None:
+        manifest["earlier_run"] = earlier
+    save_shipped(draft, out, manifest)
     log(f"shipped {out}: {sum(p.stat().st_size for p in out.iterdir()) / 1e6:.1f} MB; total {total} s")
     if evaluate_after:
         from speclab.train.smollm2_draft_eval import evaluate_shipped
@@ -446,12 +612,22 @@ def main(argv=None) -> None:
     p.add_argument("--eval-t1", action="store_true", help="also measure T=1 acceptance")
     p.add_argument("--eval-max-tokens", type=int, default=None, help="default: smollm2_draft_eval.MAX_TOKENS")
     p.add_argument("--eval-prompts", type=int, default=None, help="per held-out set; default: NUM_PROMPTS")
-    p.add_argument("--precompute-only", action="store_true", help="only cache the target's top-K for the teacher data")
+    p.add_argument("--precompute-only", action="store_true", help="only cache the target's top-K for the teacher data (and --code-windows)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--init", choices=("layers", "shipped"), default="layers",
+                   help="layers: start from a layer-pruned target (default); shipped: go on training the shipped draft")
+    p.add_argument("--code-windows", type=int, default=0,
+                   help=f"also train on N windows of {WINDOW_LEN + 1} tokens of the corpus' train split")
+    p.add_argument("--teacher-share", type=float, default=None,
+                   help="with --code-windows: the answers' share of the rows drawn (default: uniform over all rows)")
+    p.add_argument("--warmup", type=float, default=0.05, help="share of the run spent warming up the learning rate")
+    p.add_argument("--checkpoint-minutes", type=float, default=5.0, help="how often the run's state is saved")
+    p.add_argument("--resume", action="store_true",
+                   help="go on from the checkpoint of an earlier run of this command (Ctrl-C writes one)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     if a.precompute_only:
-        precompute()
+        precompute(a.code_windows)
         return
     if a.eval_only:
         from speclab.models.smollm2_draft import SHIPPED
@@ -461,7 +637,9 @@ def main(argv=None) -> None:
                          num_prompts=a.eval_prompts or E.NUM_PROMPTS)
         return
     run(a.budget_minutes, a.steps, a.tokens_per_step, a.lr, a.seed, a.out, evaluate_after=not a.no_eval,
-        teacher_answers=a.teacher_answers, layers=tuple(map(int, a.layers.split(","))) if a.layers else None)
+        teacher_answers=a.teacher_answers, layers=tuple(map(int, a.layers.split(","))) if a.layers else None,
+        init=a.init, code_windows=a.code_windows, teacher_share=a.teacher_share, warmup=a.warmup, resume=a.resume,
+        checkpoint_minutes=a.checkpoint_minutes)
 
 
 if __name__ == "__main__":
