@@ -59,7 +59,7 @@ demo: setup
 # 2026-12-03, two workers: 9.7 GB resident, 8.6 GB proportional, when test_22_serve_side_by_side's vLLM server
 # (4.3 GB) and speclab's ran beside the real-model tests. Running the vLLM tests last, alone, lowered that to
 # 6.8 GB but added 6 minutes (23 min 21 s in all, too close to CI's 30-minute budget with `make vllm`), so
-# they stay in the two workers' run. The same evening, with the vLLM servers' KV cut to what the tests need, 8.55 GB.
+# they stay in the two workers' run. The same evening, with the vLLM engines' KV cut to what the tests need, 8.55 GB.
 TEST_WORKERS ?= $(shell awk '/^MemTotal:/ { print ($$2 >= 16000000) ? 2 : 0 }' /proc/meminfo 2>/dev/null || echo 0)
 
 test: setup
