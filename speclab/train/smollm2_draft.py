@@ -64,6 +64,7 @@ PROMPT_WEIGHT = 0.1        # share of prompt positions that get a loss (every re
 VAL_EVERY = 6   # one source in VAL_EVERY (by hash) is validation
 VAL_DURING = 32  # validation sequences measured during training (early stopping); the final figures use all
 COMMAND = "python -m speclab.train.smollm2_draft"
+TARGETS_OWN = ("model.embed_tokens", "lm_head")   # the target's tied table: frozen, not checkpointed nor shipped
 WINDOW_LEN = 384           # tokens of a code window (plus one), as the SmolLM2 EAGLE head's
 
 
@@ -199,7 +200,7 @@ class _Loop:
 
 def _own(sd: dict) -> dict:
     """The draft's own tensors (its embeddings are the target's, frozen): what checkpoints and ships."""
-    return {k: v.detach().clone() for k, v in sd.items() if not k.startswith(("model.embed_tokens", "lm_head"))}
+    return {k: v.detach().clone() for k, v in sd.items() if not k.startswith(TARGETS_OWN)}
 
 
 def _draw(data: list, loop: _Loop, rng: random.Random, weights: list[float] | None) -> int:
@@ -310,8 +311,7 @@ def save_shipped(draft, out: Path, manifest: dict) -> None:
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    sd = {k: v.detach().to(torch.float16).contiguous() for k, v in draft.state_dict().items()
-          if not k.startswith(("model.embed_tokens", "lm_head"))}
+    sd = {k: v.to(torch.float16).contiguous() for k, v in _own(draft.state_dict()).items()}
     save_file(sd, str(out / "layers.safetensors"), metadata={"format": "pt"})
     cfg = draft.config.to_dict()
     cfg["dtype"] = "float32"
@@ -438,7 +438,7 @@ def load_shipped_layers(draft, shipped: Path) -> None:
 
     sd = {k: v.float() for k, v in load_file(str(Path(shipped) / "layers.safetensors")).items()}
     missing, unexpected = draft.load_state_dict(sd, strict=False)
-    own = [k for k in missing if not k.startswith(("model.embed_tokens", "lm_head"))]
+    own = [k for k in missing if not k.startswith(TARGETS_OWN)]
     if own or unexpected:
         raise ValueError(f"{shipped} does not fit a {NUM_LAYERS}-layer draft: missing {own}, unexpected {unexpected}")
 
@@ -467,7 +467,7 @@ def _architecture(draft) -> dict:
             "vocab_size": 49152, "tie_word_embeddings": True,
             "embeddings": "the target's, frozen during training and not shipped: draft_dir() adds them",
             "num_parameters_shipped": sum(v.numel() for k, v in draft.state_dict().items()
-                                          if not k.startswith(("model.embed_tokens", "lm_head"))),
+                                          if not k.startswith(TARGETS_OWN)),
             "shipped_dtype": "float16 (materialized in float32)"}
 
 
