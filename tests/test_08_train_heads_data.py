@@ -6,6 +6,9 @@ their responses. A batch whose crops all fall inside prompts has no target: its 
 gradient (an empty mean would be NaN and poison the head through the optimiser).
 """
 
+from pathlib import Path
+
+import pytest
 import torch
 
 from speclab.train import heads as H
@@ -111,3 +114,49 @@ def test_the_shipped_teacher_copy_is_complete():
     lens = np.diff(z["offsets"])
     assert int((lens - z["prompt_lens"]).sum()) == man["tokens"]["response"]
     assert int(z["prompt_lens"].sum()) == man["tokens"]["prompt"]
+
+
+def test_growing_the_code_windows_collects_only_the_new_ones(tmp_path, monkeypatch):
+    """--windows 3 then --windows 5: the second run reads the first run's 3 windows' hidden states from
+    its cache and computes only the 2 new ones; what it gets equals a collection from scratch, and the
+    held-out windows (the same whatever --windows) are read, not recomputed."""
+    monkeypatch.setattr(H, "cache_dir", lambda: tmp_path)
+    computed = []
+
+    def fake_hidden_states(model, seqs, layers, max_tokens=4096):
+        computed.extend(map(tuple, seqs))
+        return [torch.tensor(s, dtype=torch.float16)[:, None] * (layers[0] + 1) for s in seqs]
+
+    monkeypatch.setattr(H, "hidden_states", fake_hidden_states)
+    windows = [[i, i + 1, i + 2] for i in range(5)]
+    held = [[100, 101, 102]]
+
+    def collect(n):
+        key = f"t-code-L2-n{n}-T2-h1"
+        srcs = {split: H.code_sources(key, n, split, ws) for split, ws in (("train", windows[:n]), ("heldout", held))}
+        return srcs, {split: [h for k, ws, _ in srcs[split] for h in H.cached_hidden_states(None, ws, (2,), k)]
+                      for split in srcs}
+
+    collect(3)
+    assert sorted(computed) == sorted(map(tuple, windows[:3] + held))
+    computed.clear()
+    srcs, got = collect(5)
+    assert [k for k, _, _ in srcs["train"]] == ["t-code-L2-n3-T2-h1.train", "t-code-L2-n5-from3-T2-h1.train"]
+    assert [k for k, _, _ in srcs["heldout"]] == ["t-code-L2-n3-T2-h1.heldout"]
+    assert computed == [tuple(w) for w in windows[3:]]  # only the new windows
+    fresh = fake_hidden_states(None, windows, (2,))
+    assert len(got["train"]) == 5 and all(torch.equal(a, b) for a, b in zip(got["train"], fresh))
+    # shrinking, or asking again, computes nothing
+    computed.clear()
+    collect(5), collect(2)
+    assert computed == [tuple(w) for w in windows[:2]]  # --windows 2 has no smaller cache: its own
+
+
+@pytest.mark.slow
+def test_token_windows_draws_the_same_first_windows_whatever_the_number():
+    """What code_sources relies on to reuse a smaller run's cache (slow: tokenizes the whole corpus, 5-15 s)."""
+    from speclab.data.corpus import token_windows
+    tok = Path(H.__file__).parents[1] / "checkpoints" / "draft"
+    a, b = token_windows(tok, 20, 3, 16), token_windows(tok, 50, 3, 16)
+    assert a["train"] == b["train"][:20] and a["heldout"] == b["heldout"]
+    assert b["train"][20:] != b["train"][:30]  # more windows are new windows, not a repeat

@@ -156,7 +156,8 @@ def load_data(target_name: str, model, layers: tuple[int, ...], args) -> dict | 
     sharded_hidden_states).
 
     For smollm2 the two sources are cached apart, so that growing one (more teacher answers, more code
-    windows) does not recompute the other: the teacher answers first, then the code windows, in each split."""
+    windows) does not recompute the other: the teacher answers first, then the code windows, in each split.
+    More code windows than a cached run had compute only the new ones (code_sources)."""
     L = "-".join(map(str, layers))
     if target_name != "smollm2":
         held = args.heldout_windows or max(16, args.windows // 12)
@@ -174,8 +175,8 @@ def load_data(target_name: str, model, layers: tuple[int, ...], args) -> dict | 
         about["answers_train"] = len(seqs["train"])  # data["train"][:answers_train]: the teacher's
         tkey = f"{target_name}-teacher-L{L}-a{teacher_manifest()['counts']['answers']}"
         ckey = f"{target_name}-code-L{L}-n{args.windows}-T{args.seq_len}-h{held}"
-        sources = {split: [(f"{tkey}.{split}", seqs[split], plens[split]),
-                           (f"{ckey}.{split}", code[split], [0] * len(code[split]))] for split in ("train", "heldout")}
+        sources = {split: [(f"{tkey}.{split}", seqs[split], plens[split])] + code_sources(ckey, args.windows, split, code[split])
+                   for split in ("train", "heldout")}
     if getattr(args, "collect_only", False):
         for split in ("train", "heldout"):
             for key, ss, _ in sources[split]:
@@ -187,6 +188,25 @@ def load_data(target_name: str, model, layers: tuple[int, ...], args) -> dict | 
                        for s, h, pl in zip(ss, cached_hidden_states(model, ss, layers, key), pls)]
     data["about"]["tokens"] = {k: sum(len(s) for s, _, _ in data[k]) for k in ("train", "heldout")}
     return data
+
+
+def code_sources(key: str, n: int, split: str, windows: list[list[int]]) -> list[tuple[str, list[list[int]], list[int]]]:
+    """The code windows' cache keys, [(KEY.SPLIT, windows, loss_from)], reusing what a run with another
+    --windows (-nM- in the key) collected: token_windows draws the same first M training windows whatever
+    the number asked for, and the same held-out windows. So growing --windows from M to N computes only
+    the N - M new windows' hidden states (cached as -nN-fromM-), and the held-out set is never recomputed."""
+    def cached(m: int) -> bool:
+        return (cache_dir() / f"{key.replace(f'-n{n}-', f'-n{m}-')}.{split}.pt").exists()
+
+    others = sorted(int(f.name.split("-n", 1)[1].split("-", 1)[0])
+                    for f in cache_dir().glob(f"{key.replace(f'-n{n}-', '-n*-')}.{split}.pt") if "-from" not in f.name)
+    if split == "heldout" and not cached(n) and others:
+        return [(f"{key.replace(f'-n{n}-', f'-n{others[-1]}-')}.{split}", windows, [0] * len(windows))]
+    m = max((m for m in others if m < n), default=0)
+    if split == "heldout" or cached(n) or not m:
+        return [(f"{key}.{split}", windows, [0] * len(windows))]
+    return [(f"{key.replace(f'-n{n}-', f'-n{m}-')}.{split}", windows[:m], [0] * m),
+            (f"{key.replace(f'-n{n}-', f'-n{n}-from{m}-')}.{split}", windows[m:], [0] * (n - m))]
 
 
 def cached_hidden_states(model, seqs: list[list[int]], layers: tuple[int, ...], key: str,
