@@ -1,5 +1,7 @@
 """The few-row CPU kernel (speclab.models.cpu_gemm): the product it claims, the same bits for a
-row whatever the number of rows, and a clear fallback when it cannot be built."""
+row whatever the number of rows, in float32 and in bfloat16 on each of its bfloat16 paths (AMX,
+AVX512-BF16, widened: all three are called on every CPU, a path the CPU lacks falling back to the
+one below it), and a clear fallback when it cannot be built."""
 
 import os
 import subprocess
@@ -47,11 +49,54 @@ def test_kernel_reads_strided_rows_of_x_and_w():
     torch.testing.assert_close(cpu_gemm.linear(xt, w), reference(xt, w), rtol=1e-5, atol=1e-4)
 
 
+BF16_SHAPES = [(64, 576), (960, 576), (48, 1536), (97, 576), (16, 40), (13, 7), (5, 8), (1, 3)]
+
+
+@needs_kernel
+@pytest.mark.parametrize("path", sorted(cpu_gemm.BF16_PATHS))
+@pytest.mark.parametrize("n,k", BF16_SHAPES)
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 9, 16])
+def test_bfloat16_kernel_computes_x_w_transposed(path, m, n, k):
+    """bfloat16 x and W (the AMX tiles where n % 16 == 0 and k % 32 == 0, the AVX512-BF16 tiles and
+    their tails elsewhere) against a float64 product of the same bfloat16 values: y is that product
+    rounded to bfloat16 (half an ulp) after a float32 sum (a few float32 ulps of the terms)."""
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    w, x = torch.randn(n, k, generator=g).bfloat16(), torch.randn(m, k, generator=g).bfloat16()
+    y, exact = cpu_gemm.linear(x, w, path=path), x.double() @ w.double().t()
+    assert y.dtype == torch.bfloat16 and y.shape == (m, n)
+    terms = x.double().abs() @ w.double().abs().t()  # what a float32 sum's rounding scales with
+    assert ((y.double() - exact).abs() <= exact.abs() * 2 ** -8 + terms * 2 ** -20 + 1e-30).all()
+
+
+@needs_kernel
+@pytest.mark.parametrize("path", sorted(cpu_gemm.BF16_PATHS))
+def test_a_bfloat16_row_gets_the_same_bits_in_a_decode_step_and_a_verify_step(path):
+    g = torch.Generator().manual_seed(6)
+    for n, k in [(960, 576), (576, 1536), (99, 37), (64, 64)]:
+        w, x = torch.randn(n, k, generator=g).bfloat16(), torch.randn(16, k, generator=g).bfloat16()
+        assert rows_invariant(lambda x, w: cpu_gemm.linear(x, w, path=path), w, x)
+
+
+@needs_kernel
+def test_the_bfloat16_paths_are_the_cpu_s():
+    """AMX where the CPU has it and the shape fits its tiles, else AVX512-BF16 where it has that."""
+    from speclab.cpu_info import cpu_name
+    isa = cpu_name()
+    vector = "avx512_bf16" if "AVX512-BF16" in isa else "widened"
+    assert cpu_gemm.bf16_path(5, 97, 576) == vector and cpu_gemm.bf16_path(5, 960, 40) == vector
+    assert cpu_gemm.bf16_path(17, 960, 576) == vector   # more rows than a tile of x holds
+    assert cpu_gemm.bf16_path(16, 960, 576) == ("amx" if "AMX" in isa else vector)
+
+
 @needs_kernel
 def test_bad_input_is_refused_with_the_fix_not_misread():
     w = torch.randn(8, 4)
-    with pytest.raises(ValueError, match="float32 CPU"):
+    with pytest.raises(ValueError, match="float32 or bfloat16 CPU"):
         cpu_gemm.linear(torch.ones(2, 4, dtype=torch.float64), w)
+    with pytest.raises(ValueError, match="of one dtype"):
+        cpu_gemm.linear(torch.ones(2, 4, dtype=torch.bfloat16), w)
+    with pytest.raises(ValueError, match="path must be one of"):
+        cpu_gemm.linear(torch.ones(2, 4), w, path="amx")
     with pytest.raises(ValueError, match="stride"):
         cpu_gemm.linear(torch.ones(2, 8), torch.randn(8, 8).t())
     with pytest.raises(ValueError, match=r"\(M, K\) and \(N, K\)"):
@@ -96,13 +141,17 @@ def test_packed_linear_takes_the_kernel_for_few_rows_only():
     torch.testing.assert_close(lin(x), reference(x, w), rtol=1e-5, atol=1e-4)   # the library's path
     torch.set_num_threads(2)                                                    # the kernel is one thread
     torch.testing.assert_close(lin(x[:5]), reference(x[:5], w), rtol=1e-5, atol=1e-4)
-    assert not PackedLinear(w.to(torch.bfloat16)).few_rows
+    torch.set_num_threads(1)
+    lin16, x16 = PackedLinear(w.bfloat16()), x.bfloat16()
+    assert lin16.few_rows and torch.equal(lin16(x16[:5]), cpu_gemm.linear(x16[:5], w.bfloat16()))
+    assert lin16(x16).dtype == torch.bfloat16                                    # 17 rows: the library's path
+    torch.testing.assert_close(lin16(x16).float(), reference(x16.float(), w.bfloat16().float()), rtol=2e-2, atol=2e-2)
 
 
 @needs_kernel
 def test_the_packed_copy_is_made_only_once_a_batch_s_verify_steps_need_it():
     """With the kernel, a weight's packed copy (as large as the weight) waits for PACK_AFTER calls of
-    17..PACK_ROWS rows; prefill-sized calls and the kernel's own never make it. bfloat16 packs at once."""
+    17..PACK_ROWS rows; prefill-sized calls and the kernel's own never make it, in float32 and bfloat16."""
     from speclab.models import packed_linear as P
     g = torch.Generator().manual_seed(5)
     w = torch.randn(96, 64, generator=g)
@@ -120,7 +169,13 @@ def test_the_packed_copy_is_made_only_once_a_batch_s_verify_steps_need_it():
         torch.testing.assert_close(lin(x), reference(x, w), rtol=1e-5, atol=1e-4)
     assert lin.is_packed
     torch.testing.assert_close(lin(x), reference(x, w), rtol=1e-5, atol=1e-4)     # the packed product
-    assert PackedLinear(w.to(torch.bfloat16)).is_packed == P.packing_enabled(w.to(torch.bfloat16))
+    w16 = w.bfloat16()
+    lin16 = PackedLinear(w16)
+    for _ in range(P.PACK_AFTER - 1):
+        lin16(torch.randn(40, 64, generator=g).bfloat16())
+    assert not lin16.is_packed
+    lin16(torch.randn(40, 64, generator=g).bfloat16())
+    assert lin16.is_packed == P.packing_enabled(w16)
 
 
 SCRIPT = """

@@ -9,6 +9,7 @@
     python -m speclab.bench vs-vllm    # speclab, real vLLM and transformers side by side (vs_vllm.py)
     python -m speclab.bench verify-cost  # a forward over 1..9 tokens in decode steps, phase by phase (verify_cost.py)
     python -m speclab.bench attention  # forwards with the paged CPU attention kernel vs gather + SDPA (attention.py)
+    python -m speclab.bench gemm       # a forward's projections, float32 and bfloat16, kernel vs torch's paths (gemm.py)
     python -m speclab.bench serve-vs-vllm   # speclab serve and vllm serve under both serving benchmarks
 
 The embedded pair (default) runs on the held-out code sets of speclab/data; `--target smollm2`
@@ -28,6 +29,7 @@ import torch
 
 from speclab import roofline, stats
 from speclab.bench.attention import main as attention_main
+from speclab.bench.gemm import main as gemm_main
 from speclab.bench.heads import bench_heads
 from speclab.bench.prompts import REAL_SETS, find_draft, is_real, prompt_ids
 from speclab.bench.serve_vs_vllm import main as serve_vs_vllm_main
@@ -290,7 +292,7 @@ def bench_all(args) -> None:
 
 # benchmarks with their own flags: name -> main(argv)
 OWN_FLAGS = {"vs-vllm": vs_vllm_main, "verify-cost": verify_cost_main, "serve-vs-vllm": serve_vs_vllm_main,
-             "attention": attention_main}
+             "attention": attention_main, "gemm": gemm_main}
 
 
 def main(argv=None) -> None:

@@ -21,6 +21,20 @@ for the switch).
 The kernel is single-threaded: with more than one torch thread the libraries, which use them all,
 run instead (`PackedLinear`).
 
+bfloat16 weights and activations take the same loop over half the bytes (`speclab_gemm_xwt_bf16`,
+y rounded to bfloat16 as torch rounds), on the best of three paths the CPU has (`bf16_path`): AMX
+tiles (Intel from Sapphire Rapids on; up to 16 rows, rows and K in multiples of 16 and 32), AVX512-BF16's
+`vdpbf16ps` (Zen 4, Intel from Cooper Lake on), or each chunk of W widened to float32 (AVX2, NEON).
+The path depends on the weight's shape and the CPU only, never on M, so the rows keep their bits.
+`python -m speclab.bench gemm` times SmolLM2's 121 products of a forward (2026-12-04, a 2-core Intel
+Xeon with AVX-512, AVX512-BF16 and AMX, one thread, load average 0.2-0.5, medians of 7 interleaved
+rounds, ms for 1 | 5 | 9 rows): float32 kernel 34.9 | 37.6 | 46.1, oneDNN packed 41.5 | 44.4 | 51.9;
+bfloat16 on AMX 20.2 | 20.5 | 21.8 (18.5 | 19.3 in a second run), AVX512-BF16 17.9 | 24.8 | 36.8,
+widened 21.6 | 26.1 | 39.7, oneDNN packed 24.7 | 24.7 | 25.0 and `F.linear` 33.2 | 37.2 | 38.0. AVX512-BF16's
+instruction ran at about 123 GFLOP/s here (1.9 G a second in a register-only loop), so five rows are
+arithmetic-bound on it; AMX's tiles multiply 16 rows of W by up to 16 of x in one instruction, and
+five rows cost what one does, 6-13 % above AVX512-BF16's one row.
+
 On AVX2 (a Zen 3 EPYC, 2026-12-03, one thread, load average 0.7-1.1, medians of 9 interleaved rounds) five rows still cost 1.18-1.21x one row over SmolLM2's
 projections, and the weight's layout is what moves that, not the arithmetic. Keeping each x chunk in a
 register and reducing eight sums at once with shuffles made five rows 20-25 % faster from L2 (the
@@ -42,21 +56,32 @@ import torch
 from speclab.models import native
 
 SOURCE = Path(__file__).with_name("cpu_gemm.cpp")
+DTYPES = (torch.float32, torch.bfloat16)  # x and W of one of these; y in the same
 MAX_ROWS = 16  # beyond this the libraries' blocked GEMMs are as fast (a sweep of 1-32 rows). On the AVX2 Zen 3
 # (2026-12-03, SmolLM2's projections streamed, two sweeps of 7 interleaved rounds beside another job) the kernel
 # was 17-30 % faster than oneDNN's packed product at 17 rows, 0-13 % at 24, within 4 % at 32 and 6-10 % slower at
 # 40 (a batch of 8 verifying 4 drafts): moving the limit to 24 would gain little, so it stays.
 
-_lib = None   # the loaded library, False once loading failed
+_lib = None   # the loaded float32 entry point, False once loading failed
+_bf16 = {}    # the bfloat16 entry points, by BF16_PATHS' names, and "which" (the path a shape takes)
+# The bfloat16 product's entry points (the .cpp's header): the machine's best (AMX where it applies,
+# else AVX512-BF16, else widened to float32), and the two below it, which tests call on a CPU that has more.
+BF16_PATHS = {"best": "speclab_gemm_xwt_bf16", "avx512_bf16": "speclab_gemm_xwt_bf16_dot",
+              "widened": "speclab_gemm_xwt_bf16_widened"}
 _why = ""     # why it is not available, for the warning and for tests
+ARGS = [ctypes.c_void_p, ctypes.c_long] * 3 + [ctypes.c_long] * 3  # x, ldx, w, ldw, y, ldy, M, N, K
 
 
 def _load():
     global _lib, _why
     if _lib is not None:
         return _lib
-    fn, _why = native.load(SOURCE, "speclab_gemm_xwt", [ctypes.c_void_p, ctypes.c_long] * 3 + [ctypes.c_long] * 3,
-                           None, "SPECLAB_CPU_GEMM")
+    fn, _why = native.load(SOURCE, "speclab_gemm_xwt", ARGS, None, "SPECLAB_CPU_GEMM")
+    if fn:  # the same build: these symbols are there whenever the first is
+        for path in BF16_PATHS:
+            _bf16[path] = native.load(SOURCE, BF16_PATHS[path], ARGS, None, "SPECLAB_CPU_GEMM")[0]
+        _bf16["which"] = native.load(SOURCE, "speclab_gemm_bf16_path", [ctypes.c_long] * 3, ctypes.c_int,
+                                     "SPECLAB_CPU_GEMM")[0]
     _lib = fn or False
     if _lib is False and _why != "SPECLAB_CPU_GEMM=0":  # (not for the switch: whoever set it knows)
         warnings.warn(f"speclab's few-row CPU kernel is not available ({_why}); projections use torch's "
@@ -75,20 +100,32 @@ def why_unavailable() -> str:
     return _why
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x W^T for a (M, K) float32 x and a (N, K) float32 weight with contiguous rows, on the CPU,
-    through the kernel (any M), with a clear error for anything else."""
+def bf16_path(m: int, n: int, k: int) -> str:
+    """The instructions the bfloat16 product of an (m, k) x and an (n, k) weight takes here: "amx",
+    "avx512_bf16" or "widened" (each weight chunk widened to float32)."""
+    if not _load():
+        raise RuntimeError(f"speclab's CPU kernel is not available: {_why}")
+    return ("widened", "avx512_bf16", "amx")[_bf16["which"](m, n, k)]
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, path: str = "best") -> torch.Tensor:
+    """x W^T for a (M, K) x and a (N, K) weight with contiguous rows, both float32 or both bfloat16,
+    on the CPU, through the kernel (any M), with a clear error for anything else. y has their dtype.
+    `path` picks one of BF16_PATHS for bfloat16 (tests take each on a CPU that has them)."""
     if x.dim() != 2 or weight.dim() != 2 or weight.shape[1] != x.shape[1]:
         raise ValueError(f"x {tuple(x.shape)} and the weight {tuple(weight.shape)} are not (M, K) and (N, K)")
-    if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu" or weight.device.type != "cpu":
-        raise ValueError(f"the kernel takes float32 CPU tensors, not {x.dtype}/{weight.dtype} on "
-                         f"{x.device}/{weight.device}: use F.linear")
+    if (x.dtype != weight.dtype or x.dtype not in DTYPES or x.device.type != "cpu"
+            or weight.device.type != "cpu"):
+        raise ValueError(f"the kernel takes float32 or bfloat16 CPU tensors of one dtype, not {x.dtype}/"
+                         f"{weight.dtype} on {x.device}/{weight.device}: use F.linear")
     if weight.stride(1) != 1:
         raise ValueError("the weight's rows must be contiguous (weight.stride(1) == 1): pass weight.contiguous()")
-    return xwt(x, weight)
+    if path not in BF16_PATHS:
+        raise ValueError(f"path must be one of {sorted(BF16_PATHS)}, got {path!r}")
+    return xwt(x, weight, path)
 
 
-def xwt(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def xwt(x: torch.Tensor, weight: torch.Tensor, path: str = "best") -> torch.Tensor:
     """`linear` without its checks, for a caller that made them once (`PackedLinear`, per weight):
     a decode step calls it about 120 times, and the checks cost more than a small layer's product."""
     if x.stride(1) != 1:
@@ -96,8 +133,10 @@ def xwt(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     fn = _lib or _load()
     if not fn:
         raise RuntimeError(f"speclab's CPU kernel is not available: {_why}")
+    if weight.dtype == torch.bfloat16:
+        fn = _bf16[path]
     m, k = x.shape
     n = weight.shape[0]
-    y = torch.empty(m, n, dtype=torch.float32)
+    y = torch.empty(m, n, dtype=weight.dtype)
     fn(x.data_ptr(), x.stride(0), weight.data_ptr(), weight.stride(0), y.data_ptr(), n, m, n, k)
     return y

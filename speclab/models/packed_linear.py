@@ -26,7 +26,7 @@ one thread, float32, load average 0.9). With 5 rows the same transposed product 
 weights are views of it, no second copy), one row takes the GEMV and more rows the packed product.
 
 Both are now the fallback for a decode or verify step. Where speclab's own kernel builds
-(`speclab.models.cpu_gemm`: float32, one torch thread, 1-16 rows), it takes those products: the
+(`speclab.models.cpu_gemm`: float32 or bfloat16, one torch thread, 1-16 rows), it takes those products: the
 weight stays (out, in), each row streamed once, 28-35 ms for 1-5 rows over the same 30 layers where
 the paths above took 28-30 ms for one row and 44-78 ms for five; and a row's result has the same
 bits whatever the number of rows. More rows (a prompt's prefill, a batch's verify step) take the
@@ -37,9 +37,9 @@ so where the kernel takes the few-row products it is made only once it pays: aft
 with 17-64 rows (the verify steps of a batch, where it was 11-28 % faster than `F.linear` under
 load on 2026-12-02, and 10-17 % quiet on 2026-12-01), not for a prompt's prefill (a few calls; 5-16 %
 at 96-192 rows, nothing at 256). Until then those calls take `F.linear`: a batch-1 run, a test or a
-lesson never holds the copy (`LLM("smollm2")` resident at 1.0 GB instead of 1.5). In bfloat16, or
-without the kernel, every product beyond one float32 row takes the packed copy, which is made at
-once.
+lesson never holds the copy (`LLM("smollm2")` resident at 1.0 GB instead of 1.5). bfloat16 follows
+the same rule (its few rows take the kernel's bfloat16 paths). Without the kernel, every product
+beyond one float32 row takes the packed copy, which is made at once.
 
 Packing changes speed, not the function: where oneDNN (or its bfloat16 support) is missing, on a
 GPU, or with SPECLAB_PACKED_LINEAR=0, `PackedLinear` is `F.linear` on the plain weight (one
@@ -96,7 +96,7 @@ class PackedLinear:
     def _prepare(self) -> None:
         self.packed, self._version, self.band_calls = None, self.weight._version, 0
         self.rows_t = self.weight.t().is_contiguous() and self.weight.device.type == "cpu"  # (in, out) storage
-        self.few_rows = (self.weight.dtype == torch.float32 and self.weight.device.type == "cpu"
+        self.few_rows = (self.weight.dtype in cpu_gemm.DTYPES and self.weight.device.type == "cpu"
                          and self.weight.stride(1) == 1 and cpu_gemm.available())  # (out, in) rows: the kernel
         self.packable = packing_enabled(self.weight)
         if self.packable and not self.few_rows:
@@ -113,7 +113,7 @@ class PackedLinear:
         if self.weight._version != self._version:
             self._prepare()
         rows = x.shape[0]
-        if self.few_rows and rows <= cpu_gemm.MAX_ROWS and x.dtype == torch.float32 and torch.get_num_threads() == 1:
+        if self.few_rows and rows <= cpu_gemm.MAX_ROWS and x.dtype == self.weight.dtype and torch.get_num_threads() == 1:
             return cpu_gemm.xwt(x, self.weight)  # a decode or verify step's few rows (cpu_gemm)
         if rows == 1 and self.rows_t and x.dtype == self.weight.dtype == torch.float32:
             return torch.mm(x, self.weight.t())  # one row over the transposed storage (module docstring)
