@@ -6,8 +6,9 @@ a slice, a negation, a concatenation, two multiplies and an add, then two `index
 cache, then SiLU, a chunk and a multiply), each a few µs of dispatch for a few hundred floats.
 `cpu_elementwise.cpp` does each group in one call (the .cpp says how, and how exact).
 
-Where it runs: float32 CPU tensors, no autograd (training a head keeps torch's ops, which have
-gradients), contiguous last dimensions. Built like `cpu_gemm` (`speclab.models.native`);
+Where it runs: float32 or bfloat16 CPU tensors (all of one dtype), no autograd (training a head keeps
+torch's ops, which have gradients), contiguous last dimensions. In bfloat16 it rounds where torch's
+bfloat16 ops round (the .cpp says where), so RoPE gives torch's bits there too. Built like `cpu_gemm` (`speclab.models.native`);
 SPECLAB_CPU_ELEMENTWISE=0 turns it off, and without a compiler `available()` is False (cpu_gemm's
 warning says so) and the layers take torch's ops: the same function within float32 rounding.
 """
@@ -35,6 +36,7 @@ def _load():
         signatures = {"speclab_rms_norm": ([p, n, p, p, n, n, ctypes.c_float], None),
                       "speclab_rope_cache": ([p, n, p, p, p, p, p, n, n, n, n, n], ctypes.c_int),
                       "speclab_silu_mul": ([p, n, p, n, n], None)}
+        signatures.update({f"{name}_bf16": sig for name, sig in signatures.items()})  # the same, bfloat16
         fns = {}
         for symbol, (args, restype) in signatures.items():
             fns[symbol], _why = native.load(SOURCE, symbol, args, restype, "SPECLAB_CPU_ELEMENTWISE")
@@ -56,30 +58,42 @@ def why_unavailable() -> str:
 
 
 def applies(*tensors: torch.Tensor) -> bool:
-    """Whether the kernels take these tensors: float32 on a CPU, rows contiguous, no autograd.
+    """Whether the kernels take these tensors: float32 or bfloat16 (all one dtype) on a CPU, rows
+    contiguous, no autograd.
     (Called about 120 times a forward, so it reads attributes that cost no allocation: `is_cpu`,
     not `device.type`; it cost 6 µs a call written with a generator over `device.type`, 1.3 µs now:
     timeit, one thread, 2026-12-03's Zen 3 EPYC, load average about 1.)"""
     if torch.is_grad_enabled() or not (_fns or available()):
         return False
+    dtype = tensors[0].dtype
+    if dtype is not torch.float32 and dtype is not torch.bfloat16:
+        return False
     for t in tensors:
-        if not t.is_cpu or t.dtype is not torch.float32 or t.stride(-1) != 1:
+        if not t.is_cpu or t.dtype is not dtype or t.stride(-1) != 1:
             return False
     return True
 
 
-def _fn(symbol: str):
+def _fn(symbol: str, dtype: torch.dtype):
+    """The entry point `symbol` for float32 or bfloat16 tensors (a clear error for another dtype)."""
     fns = _fns or _load()
     if not fns:
         raise RuntimeError(f"speclab's elementwise CPU kernels are not available: {_why}")
-    return fns[symbol]
+    if dtype not in SUFFIX:
+        raise ValueError(f"the elementwise kernels take float32 or bfloat16 tensors, not {dtype}: use torch's ops")
+    return fns[symbol + SUFFIX[dtype]]
+
+
+SUFFIX = {torch.float32: "", torch.bfloat16: "_bf16"}
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2, -1) + eps) * weight for (N, D) x and (D,) weight; a new (N, D) tensor."""
     rows, d = x.shape
-    out = torch.empty(rows, d, dtype=torch.float32)
-    _fn("speclab_rms_norm")(x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(), rows, d, eps)
+    if weight.dtype != x.dtype:
+        raise ValueError(f"x is {x.dtype} and the weight {weight.dtype}: the kernel takes one dtype")
+    out = torch.empty(rows, d, dtype=x.dtype)
+    _fn("speclab_rms_norm", x.dtype)(x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(), rows, d, eps)
     return out
 
 
@@ -91,17 +105,20 @@ def rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_map
         qkv: (N, (H + 2 Hkv) Dh) fused projection output, q's heads first, then k's, then v's.
         cos, sin: (N, 1, Dh) contiguous tables at the rows' positions (`llama.rope_tables`).
         slot_mapping: (N,) int64 cache slots.
-        k_cache, v_cache: (num_blocks, block_size, Hkv, Dh) contiguous float32.
+        k_cache, v_cache: (num_blocks, block_size, Hkv, Dh) contiguous, all five of qkv's dtype.
     """
     rows, dh = qkv.shape[0], k_cache.shape[-1]
     if dh > MAX_HEAD_DIM or not (cos.is_contiguous() and sin.is_contiguous() and k_cache.is_contiguous()
                                  and v_cache.is_contiguous()):
         raise ValueError(f"rope_cache takes contiguous tables and caches and head_dim <= {MAX_HEAD_DIM}: "
                          "use llama.rotate and index_copy_")
+    if not qkv.dtype == cos.dtype == sin.dtype == k_cache.dtype == v_cache.dtype:
+        raise ValueError(f"rope_cache takes one dtype, not qkv {qkv.dtype}, tables {cos.dtype}/{sin.dtype} and "
+                         f"caches {k_cache.dtype}/{v_cache.dtype}: build the tables in qkv's dtype (meta.rope)")
     slots = slot_mapping if slot_mapping.dtype == torch.long and slot_mapping.is_contiguous() \
         else slot_mapping.to(torch.long).contiguous()
     num_slots = k_cache.shape[0] * k_cache.shape[1]
-    if _fn("speclab_rope_cache")(qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
+    if _fn("speclab_rope_cache", qkv.dtype)(qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
                                   k_cache.data_ptr(), v_cache.data_ptr(), num_slots, rows, heads, kv_heads, dh):
         raise IndexError(f"a slot in slot_mapping lies outside the KV cache's {num_slots} slots: the scheduler "
                          "must allocate blocks before the forward")
@@ -110,6 +127,6 @@ def rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_map
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for (N, 2 I) rows holding gate then up; a new (N, I) tensor."""
     rows, width = gate_up.shape
-    out = torch.empty(rows, width // 2, dtype=torch.float32)
-    _fn("speclab_silu_mul")(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), rows, width // 2)
+    out = torch.empty(rows, width // 2, dtype=gate_up.dtype)
+    _fn("speclab_silu_mul", gate_up.dtype)(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), rows, width // 2)
     return out
