@@ -305,8 +305,8 @@ def main(argv=None) -> None:
     ap.add_argument("--draft", default=None, help="draft for the spec rows (default: 'draft', or 'smollm2-draft' "
                                                   "for smollm2); rows are skipped with a note when it is absent")
     ap.add_argument("--dtypes", nargs="+", default=None, choices=["float32", "bfloat16", "float16", "auto"],
-                    help="decode and roofline run each; spec runs the first (default: float32, and bfloat16 too "
-                         "for smollm2's decode and roofline)")
+                    help="decode and roofline run each; spec and heads run the first (default: float32, and "
+                         "bfloat16 too for smollm2's decode and roofline)")
     ap.add_argument("--max-tokens", type=int, default=None, help="new tokens per prompt (default 64; 48 for smollm2)")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--ks", type=int, nargs="+", default=None, help="draft k (default 2 3 4 6; 4 for smollm2)")

@@ -18,7 +18,9 @@ speculation does to the decode steps, which vLLM's benchmarks report as TPOT), a
 position i, a tree's depth i, / drafts), acceptance rate (accepted / drafted: a tree drafts more
 tokens than it can keep), mean acceptance length tau (1 + accepted / drafts), the drafting cost c
 (the proposer's time per drafted token over the plain row's time per token) and, at T = 0,
-whether the output equals plain greedy decoding token for token. Batch 1: compare rows of one run.
+whether the output equals plain greedy decoding token for token (in the run's dtype, the first of
+`--dtypes`: float32 unless told; in bfloat16 greedy output is compared with bfloat16 plain decoding).
+Batch 1: compare rows of one run.
 
 Every row generates the same number of tokens: greedy chats stop at the model's EOS, where all
 rows stop alike (their outputs are identical); sampled ones (T > 0) go on to --max-tokens
@@ -127,7 +129,7 @@ def run_set(llm, prompts, temperature: float, max_tokens: int, chat: bool) -> tu
 
 def measure(rows, prompt_sets, temperature, args, real) -> dict:
     """Interleaved rounds: (row index, set) -> {"seconds": [...], "tokens": [...], "outputs", "stats", "propose"}."""
-    small = dict(max_num_seqs=4, kv_cache_gb=0.25)  # batch 1: a small pool per row
+    small = dict(max_num_seqs=4, kv_cache_gb=0.25, dtype=args.dtypes[0])  # batch 1: a small pool per row
     llms = [LLM(args.target, speculative_config=r.spec, **small) for r in rows]
     timers = [time_proposer(llm) for llm in llms]
     prefill = {}  # id(target model) -> its prefill timer
@@ -176,12 +178,13 @@ def bench_heads(args) -> None:
     sets = tuple(args.sets or (("edit", "codegen", "qa", "chat") if real else ("code", "prose")))
     prompt_sets = {kind: (load_chat_prompts(kind) if real else load_prompts(kind))[:args.num_prompts] for kind in sets}
     info = machine_info()
-    print(f"{args.target}: batch 1, k = {k} (a tree: {k} nodes), {args.max_tokens} new tokens, {args.num_prompts} "
+    dtype = args.dtypes[0]
+    print(f"{args.target} in {dtype}: batch 1, k = {k} (a tree: {k} nodes), {args.max_tokens} new tokens, {args.num_prompts} "
           f"prompts per set, {args.repeats} interleaved rounds; {info['cpu']}, {info['cores']} cores, torch "
           f"{info['torch']} with {info['threads']} thread(s); load average {info['load_average']}")
     table = []
     with shared_weights():
-        plain = LLM(args.target, max_num_seqs=4, kv_cache_gb=0.25)
+        plain = LLM(args.target, max_num_seqs=4, kv_cache_gb=0.25, dtype=dtype)
         v_k = forward_seconds(plain.model, tokens=k + 1) / forward_seconds(plain.model)
         print(f"a {k + 1}-token target forward costs v_k = {v_k:.2f} decode steps (pred = tau / (v_k + k c))")
         del plain
@@ -200,7 +203,7 @@ def bench_heads(args) -> None:
           "seconds per drafted token / plain seconds per token; rate: accepted / drafted; same: output identical to "
           f"plain greedy (T = 0). Load average at the end {info['load_average_at_the_end']}.")
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": info, "target": args.target, "k": k,
+        Path(args.json).write_text(json.dumps({"machine": info, "target": args.target, "dtype": dtype, "k": k,
                                                "max_tokens": args.max_tokens, "num_prompts": args.num_prompts,
                                                "repeats": args.repeats, "rows": table}, indent=1) + "\n")
         print(f"wrote {args.json}")
