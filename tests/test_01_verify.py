@@ -116,6 +116,10 @@ def test_argmax_ties_break_to_the_first_index_in_greedy_rows():
     p = torch.tensor([[0.0, 0.5, 0.5], [0.4, 0.2, 0.4]])
     assert rejection_sample(torch.tensor([2]), [1], p, greedy=True).tolist() == [[1, -1]]
     assert rejection_sample(torch.tensor([1]), [1], p, greedy=True).tolist() == [[1, 0]]
+    # the engine's greedy step (max(-1).indices, faster than argmax on a CPU) breaks ties the same way
+    assert verify_greedy_step([2], p) == [1] and verify_greedy_step([1], p) == [1, 0]
+    ties = torch.randn(9, 49152, generator=torch.Generator().manual_seed(0)).round()  # many tied maxima
+    assert verify_greedy_step([-1], ties) == [int(ties[0].argmax())]
 
 
 def test_temperature_zero_probs_make_random_verification_greedy():

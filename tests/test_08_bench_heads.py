@@ -23,6 +23,7 @@ def test_bench_heads_writes_one_consistent_row_per_method_and_set(tmp_path, caps
           "--json", str(path)])
     report = json.loads(path.read_text())
     assert {"cpu", "cores", "threads", "load_average"} <= set(report["machine"])
+    assert report["dtype"] == "float32"  # the first of --dtypes, float32 unless told
     rows = report["rows"]
     keys = {"set", "temperature", "method", "k", "tree", "tok_per_s", "speedup", "acceptance_rate",
             "mean_acceptance_length", "identical"}

@@ -52,8 +52,20 @@ EMBEDDED_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "medusa", "mtp")
 #   k = 6: chain 1.549, [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)] 1.730,
 #          [(0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0)] 1.740, a deeper one (depth 4) 1.697
 # The head is right at position 1 about half the time and rarely after: width pays, depth does not.
+# Larger budgets, where a verify step of up to 16 rows costs little more than a decode step (bfloat16 on
+# AMX: 9 tokens 1.21 decode steps), measured the same way in bfloat16 (the head continued to 1.07M tokens,
+# 2026-12-04, Intel Xeon; mean tau over edit / codegen / qa / chat; 3 chats per set x 48 tokens):
+#   k = 8:  [(0,), (1,), (2,), (3,), (0, 0), (0, 1), (1, 0), (0, 0, 0)] 1.995 (2.10 / 2.12 / 2.14 / 1.62);
+#           with (2, 0) for (3,) 1.975, with (4,) for (0, 1) 1.959, deeper (0, 0, 1) for (2,) 1.967
+#   k = 12: the k = 8 tree + (2, 0), (0, 2), (1, 1), (0, 1, 0)  2.107;  k = 16 (17 rows) 2.165
+# and the EAGLE-2 dynamic trees (steps, topk) at the same budgets: k = 6 (3, 3) 1.989 (static 1.896),
+# k = 8 (3, 4) 2.090 and (4, 3) 2.080, k = 12 (4, 4) 2.178, k = 16 (4, 4) 2.188 (chat 1.65 in all):
+# ranked by the draft's probabilities, a tree spends its budget where the head is confident.
 STATIC_TREES = {3: "[(0,), (1,), (2,)]", 4: "[(0,), (1,), (2,), (0, 0)]",
-                6: "[(0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0)]"}
+                6: "[(0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0)]",
+                8: "[(0,), (1,), (2,), (3,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]",
+                12: "[(0,), (1,), (2,), (3,), (0, 0), (0, 1), (1, 0), (2, 0), (0, 0, 0), (0, 2), (1, 1), (0, 1, 0)]"}
+DYNAMIC_TREES = {6: (3, 3), 8: (3, 4), 12: (4, 4)}  # k -> (speculative_num_steps, speculative_eagle_topk); else (k - 1, 2)
 
 
 @dataclass
@@ -81,8 +93,9 @@ def rows_for(real: bool, k: int, temperature: float, draft: str, methods=None) -
     if k in STATIC_TREES:  # the trees draft their top-k children (greedy drafts) at every temperature
         rows.append(Row("eagle", k, STATIC_TREES[k], {"method": "eagle", "num_speculative_tokens": k,
                                                       "speculative_token_tree": STATIC_TREES[k]}))
-    rows.append(Row("eagle", k, f"dynamic: steps {k - 1}, topk 2", {
-        "method": "eagle", "num_speculative_tokens": k, "speculative_num_steps": k - 1, "speculative_eagle_topk": 2,
+    steps, topk = DYNAMIC_TREES.get(k, (k - 1, 2))
+    rows.append(Row("eagle", k, f"dynamic: steps {steps}, topk {topk}", {
+        "method": "eagle", "num_speculative_tokens": k, "speculative_num_steps": steps, "speculative_eagle_topk": topk,
         "speculative_num_draft_tokens": k + 1}))
     return [r for r in rows if methods is None or r.method in methods]
 

@@ -101,7 +101,10 @@ class ModelRunner:
             return {}
         logits = self.model.compute_logits(hidden[torch.cat(rows).to(self.device)])  # (T + B, V)
         unusable = {i: why for i, s in enumerate(sampling) if (why := s.request.params.engine_problem())}
-        if unusable or not bool(torch.isfinite(logits).all()):  # one reduction per step; the rest when it fails
+        # one reduction per step, the rest when it fails: a NaN or inf anywhere makes the sum NaN or inf (so
+        # does finite logits' sum overflowing, which only sends the step to the exact check). isfinite().all()
+        # over (9, 49152) logits took 0.95 ms, the sum 0.03 (2026-12-04's Xeon): 4 % of a bfloat16 verify step
+        if unusable or not bool(torch.isfinite(logits.sum())):
             sampling, logits = self._drop_failed(sampling, logits, result.errors, unusable)
         sampled = {}
         if any(s.tree is not None for s in sampling):  # lesson 10: trees apart, then compacted
@@ -148,7 +151,7 @@ class ModelRunner:
         others sample it exactly with the engine's stream (deterministic children: `sample_tree`)."""
         p, tree, drafts = s.request.params, s.tree, s.request.spec_token_ids[:s.num_draft_tokens]
         if p.greedy:
-            return tree_walk(tree, drafts, logits.argmax(-1))
+            return tree_walk(tree, drafts, logits.max(-1).indices)  # argmax's first maximum, 3x faster on a CPU
         probs = logits_to_probs(logits, p.temperature, p.top_k, p.top_p)  # (N + 1, V)
         if p.seed is not None:  # row i decides output position num_output_tokens + depth(i)
             keys = [s.num_output_tokens + d for d in tree.depths]
