@@ -20,7 +20,7 @@ def test_vs_vllm_is_a_bench_subcommand_with_its_own_flags(capsys):
         bench.main(["vs-vllm", "--help"])
     assert done.value.code == 0
     out = capsys.readouterr().out
-    assert "--json" in out and "--threads" in out and "--repeats" in out
+    assert "--json" in out and "--threads" in out and "--repeats" in out and "--dtype" in out
 
 
 def test_rows_report_medians_ratios_acceptance_and_identity():

@@ -6,7 +6,7 @@ import torch
 
 from speclab import stats
 from speclab.metrics import SpecDecodingStats
-from speclab.sampling import apply_top_k, apply_top_p, check_probs, logits_to_probs, sample
+from speclab.sampling import apply_top_k, apply_top_p, check_probs, logits_to_probs, sample, sample_cdf
 
 
 def test_temperature_one_is_softmax_and_zero_is_one_hot():
@@ -39,6 +39,47 @@ def test_bad_settings_and_non_distributions_are_refused():
         check_probs(torch.tensor([float("nan"), 1.0]))
     with pytest.raises(ValueError, match="sums to"):
         check_probs(torch.tensor([0.5, 0.6]))
+
+
+def test_the_cheap_checks_still_name_each_problem():
+    """check_probs reads a row cheaply first (a sum, a min, a float32 sum): each problem still gets its
+    own message, and probabilities so large that their sum overflows are not called inf."""
+    with pytest.raises(ValueError, match="NaN or inf"):
+        check_probs(torch.tensor([[0.5, 0.5], [float("inf"), 0.0]]))
+    with pytest.raises(ValueError, match="negative"):
+        check_probs(torch.tensor([[1.5, -0.5]]))
+    with pytest.raises(ValueError, match="row 1 sums to 1.01"):
+        check_probs(torch.tensor([[0.5, 0.5], [0.5, 0.51]]))
+    with pytest.raises(ValueError, match="sums to"):  # finite, but the float32 sum overflows
+        check_probs(torch.tensor([3e38, 3e38]))
+    check_probs(torch.softmax(torch.randn(5, 49152), -1))   # a verify step's rows pass
+
+
+def test_inverse_cdf_sampling_follows_the_law_and_never_draws_a_zero():
+    """sample_cdf, the engine's drafting sampler, against the exact law: 20,000 draws over 30 cells
+    (a third of them zero, the first and last included), chi-squared at p < 1e-4, which detects
+    every TV distance >= stats.min_detectable_tv(20000, 20) (about 0.036) with power 0.99. Negative
+    control: the same test rejects torch.multinomial's draws from a law 0.1 away in TV."""
+    g = torch.Generator().manual_seed(0)
+    probs = torch.rand(30, generator=g, dtype=torch.float64)
+    probs[::3] = 0
+    probs /= probs.sum()
+    draws = sample_cdf(probs.float().expand(20000, 30).contiguous(), torch.Generator().manual_seed(1))
+    counts = np.bincount(draws.numpy(), minlength=30)
+    assert counts[probs.numpy() == 0].sum() == 0
+    assert stats.chi2_gof(counts[probs.numpy() > 0], probs.numpy()[probs.numpy() > 0]) > 1e-4
+    assert stats.min_detectable_tv(20000, 20) < 0.04
+    wrong = probs.clone()
+    wrong[1] += 0.1
+    wrong /= wrong.sum()
+    other = torch.multinomial(wrong.float(), 20000, replacement=True, generator=torch.Generator().manual_seed(2))
+    other_counts = np.bincount(other.numpy(), minlength=30)
+    assert stats.chi2_gof(other_counts[probs.numpy() > 0], probs.numpy()[probs.numpy() > 0]) < 1e-4
+    one = torch.zeros(49152)
+    one[49151] = 1.0                                          # all the mass on the last token
+    assert int(sample_cdf(one, torch.Generator().manual_seed(3))) == 49151
+    assert torch.equal(sample_cdf(probs.float(), torch.Generator().manual_seed(4)),
+                       sample_cdf(probs.float(), torch.Generator().manual_seed(4)))
 
 
 def test_seeded_sampling_is_reproducible():

@@ -2,7 +2,7 @@
 
     python -m speclab.bench vs-vllm [--json runs/vs_vllm.json] [--threads 1] [--repeats 3]
 
-The real model SmolLM2-135M-Instruct (Q4_1-dequantized, float32) answers held-out chats of the four sets
+The real model SmolLM2-135M-Instruct (Q4_1-dequantized; float32, or `--dtype bfloat16` in every engine) answers held-out chats of the four sets
 (edit, codegen, qa, chat; the same token ids for every engine, through its chat template), greedy,
 `--max-tokens` new tokens each with end tokens ignored, at batch 1 (one prompt per call) and batch 8
 (one call). Methods: plain, n-gram (k=4, lookup 4/2), the distilled draft (`draft_model`, k=2) and the
@@ -22,7 +22,8 @@ processes, one after the other. vLLM runs with enforce_eager=True unless `--comp
 configuration then compiles for minutes first). Threads: torch.set_num_threads(N) for speclab and
 transformers, vLLM's worker bound to cores 0..N-1 (VLLM_CPU_OMP_THREADS_BIND); printed.
 `identical_to_plain`: every prompt's tokens equal speclab's plain batch-1 tokens (one reference for
-all engines). The machine is shared and noisy: compare rows of one run, and read the load average.
+all engines; in bfloat16 another engine's kernels round differently, so its tokens can part from
+speclab's at a near-tie without either being wrong). The machine is shared and noisy: compare rows of one run, and read the load average.
 
 Prefix caching is off in both engines unless `--prefix-caching` (then on in both, but for speclab's
 EAGLE head, which refuses it). Every pass sends the same prompts, so with vLLM's default cache on,
@@ -67,7 +68,7 @@ def metrics(llm):
     return out
 if __name__ == "__main__":
     t0 = time.perf_counter()
-    llm = LLM(model=job["model"], dtype="float32", disable_log_stats=False, enforce_eager=job["eager"],
+    llm = LLM(model=job["model"], dtype=job["dtype"], disable_log_stats=False, enforce_eager=job["eager"],
               enable_prefix_caching=job["prefix_caching"],
               speculative_config=job["config"], max_model_len=job["max_model_len"], max_num_seqs=8, seed=0)
     startup = time.perf_counter() - t0
@@ -121,7 +122,7 @@ def run_speclab(model_dir, prompts, methods, args) -> dict:
     from speclab.sampling_params import SamplingParams
 
     with shared_weights():  # the rows' LLMs read one copy of the target (5 rows: 2.2 GB less)
-        llms = {m: LLM(str(model_dir), dtype="float32", max_num_seqs=8, kv_cache_gb=0.25,
+        llms = {m: LLM(str(model_dir), dtype=args.dtype, max_num_seqs=8, kv_cache_gb=0.25,
                        speculative_config=speclab_config(m), enable_prefix_caching=prefix_caching(m, args))
                 for m in methods}
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
@@ -176,12 +177,12 @@ def run_hf(model, tok, prompts, max_new_tokens: int, **kwargs) -> tuple[list[lis
 def run_transformers(model_dir, prompts, args) -> dict:
     from speclab.models.hub import load_model, load_tokenizer
 
-    hf, tok = load_model(str(model_dir)), load_tokenizer(str(model_dir))
+    hf, tok = load_model(str(model_dir), dtype=getattr(torch, args.dtype)), load_tokenizer(str(model_dir))
     rows = {"none": [(1, {}), (8, {})], "ngram": [(1, {"prompt_lookup_num_tokens": NGRAM["num_speculative_tokens"]})]}
     draft = None
     if "draft_model" in args.methods:
         from speclab.export_vllm import export_draft
-        draft = load_model(str(export_draft()))
+        draft = load_model(str(export_draft()), dtype=getattr(torch, args.dtype))
         rows["draft_model"] = [(1, {"assistant_model": draft, "num_assistant_tokens": 2,
                                     "num_assistant_tokens_schedule": "constant"})]
     rows = {m: v for m, v in rows.items() if m in args.methods}
@@ -214,7 +215,7 @@ def run_vllm(model_dir, prompts, methods, args, tmp: Path) -> tuple[dict, dict]:
         if m != "eagle-approx" and m not in methods:
             continue
         job = {"model": str(model_dir), "config": config, "prompts": prompts, "batches": list(BATCHES),
-               "repeats": args.repeats, "max_tokens": args.max_tokens, "eager": not args.compile,
+               "repeats": args.repeats, "max_tokens": args.max_tokens, "eager": not args.compile, "dtype": args.dtype,
                "prefix_caching": args.prefix_caching,
                "max_model_len": 2048, "out": str(tmp / f"vllm-{m}.json")}
         (tmp / f"job-{m}.json").write_text(json.dumps(job))
@@ -273,12 +274,13 @@ def print_table(rows: list[dict]) -> None:
               f"{r['identical_prompts']:>10}")
 
 
-def main(argv=None) -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m speclab.bench vs-vllm", description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None, help="write the rows (and the run's settings) to this file")
     ap.add_argument("--threads", type=int, default=1, help="threads for every engine (default 1)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="every engine's weights")
     ap.add_argument("--per-set", type=int, default=2, help="held-out chats per set (4 sets; default 2 = 8 prompts)")
     ap.add_argument("--methods", nargs="+", default=["none", "ngram", "draft_model", "draft_vocab", "eagle"],
                     choices=["none", "ngram", "draft_model", "draft_vocab", "eagle"])
@@ -291,6 +293,11 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if "none" not in args.methods:
         args.methods = ["none", *args.methods]   # the speedups need the plain baseline
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
@@ -305,7 +312,7 @@ def main(argv=None) -> None:
         raise SystemExit(f"--per-set {args.per_set} gives {len(prompts)} prompts, fewer than batch {max(BATCHES)}: "
                          f"use --per-set {-(-max(BATCHES) // len(SETS))} or more")
     load = os.getloadavg()
-    print(f"vs-vllm: SmolLM2-135M-Instruct (Q4_1-dequantized) float32 at {model_dir}; {len(prompts)} held-out chats "
+    print(f"vs-vllm: SmolLM2-135M-Instruct (Q4_1-dequantized) {args.dtype} at {model_dir}; {len(prompts)} held-out chats "
           f"({args.per_set} per set: {', '.join(SETS)}), {args.max_tokens} tokens each, greedy, batches {BATCHES}; "
           f"threads = {args.threads} for every engine (speclab/transformers torch threads {torch.get_num_threads()}, "
           f"vLLM bound to cores 0-{args.threads - 1}); {args.repeats} interleaved repeats; load average "
@@ -342,7 +349,8 @@ def main(argv=None) -> None:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({
-            "settings": {"model": "SmolLM2-135M-Instruct (Q4_1-dequantized), float32", "prompts": len(prompts),
+            "settings": {"model": f"SmolLM2-135M-Instruct (Q4_1-dequantized), {args.dtype}", "dtype": args.dtype,
+                         "prompts": len(prompts),
                          "sets": SETS, "per_set": args.per_set, "max_tokens": args.max_tokens,
                          "batches": BATCHES, "threads": args.threads, "repeats": args.repeats,
                          "vllm_enforce_eager": not args.compile, "vllm_startup_s": startup,

@@ -22,14 +22,19 @@
 // step and in a nine-row verify step (tests/test_05_cpu_gemm.py checks it). A GEMM library picks a
 // different summation order per shape; this kernel never does.
 //
-// bfloat16 (speclab_gemm_xwt_bf16): the same loop over half the bytes, y rounded to bfloat16 as
-// torch rounds (nearest even). Where the CPU has AVX512-BF16 (Zen 4, Intel from Cooper Lake on),
+// bfloat16 (speclab_gemm_xwt_bf16): the same product over half the bytes, y rounded to bfloat16 as
+// torch rounds (nearest even), on the best of three paths. With AMX (Intel from Sapphire Rapids on)
+// the product is turned around so W streams through the tiles, and 16 rows of x cost what one does
+// (xwt_amx below). Where the CPU has AVX512-BF16 (Zen 4, Intel from Cooper Lake on),
 // each step multiplies 32 bfloat16 pairs of x and W into 16 float32 sums (vdpbf16ps) with up to 8
 // rows of x per block, 32 vector registers holding the R * MB sums; elsewhere (AVX2, NEON) each
 // weight chunk is widened to float32 (a shift: bfloat16 is float32's top half) and takes the
 // float32 tile above, x widened once per call (speclab_gemm_xwt_bf16_widened, compiled everywhere
-// so a machine with AVX512-BF16 can test both). Either way a row's sums run in one fixed order
-// whatever M is, as above; the two paths differ from each other (and from oneDNN) in rounding.
+// so a machine with AVX512-BF16 can test all three). On each path a row's sums run in one fixed
+// order whatever M is, and for the 1-16 rows of a decode or verify step the path depends on the
+// CPU and W's shape only, never on M (more rows than AMX's tile of x holds, 16, take AVX512-BF16;
+// PackedLinear hands those to the GEMM library anyway); the paths differ from each other (and from
+// oneDNN) in rounding.
 //
 // Built by speclab/models/cpu_gemm.py with the host's C++ compiler (-O3 -march=native
 // -ffp-contract=off); GCC's and clang's vector extensions compile to AVX2/FMA on x86 and to NEON

@@ -25,7 +25,8 @@ bfloat16 weights and activations take the same loop over half the bytes (`specla
 y rounded to bfloat16 as torch rounds), on the best of three paths the CPU has (`bf16_path`): AMX
 tiles (Intel from Sapphire Rapids on; up to 16 rows, rows and K in multiples of 16 and 32), AVX512-BF16's
 `vdpbf16ps` (Zen 4, Intel from Cooper Lake on), or each chunk of W widened to float32 (AVX2, NEON).
-The path depends on the weight's shape and the CPU only, never on M, so the rows keep their bits.
+For 1-16 rows the path depends on the weight's shape and the CPU only, never on M, so the rows keep
+their bits (more rows than AMX's tile of x holds take AVX512-BF16).
 `python -m speclab.bench gemm` times SmolLM2's 121 products of a forward (2026-12-04, a 2-core Intel
 Xeon with AVX-512, AVX512-BF16 and AMX, one thread, load average 0.2-0.5, medians of 7 interleaved
 rounds, ms for 1 | 5 | 9 rows): float32 kernel 34.9 | 37.6 | 46.1, oneDNN packed 41.5 | 44.4 | 51.9;
