@@ -89,6 +89,15 @@ def test_the_bfloat16_paths_are_the_cpu_s():
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_no_rows_give_an_empty_product(dtype):
+    """A (0, K) x (it once divided by its zero blocks and killed the process) and a (0, K) weight."""
+    w = torch.ones(64, 32, dtype=dtype)
+    assert cpu_gemm.linear(torch.ones(0, 32, dtype=dtype), w).shape == (0, 64)
+    assert cpu_gemm.linear(torch.ones(3, 32, dtype=dtype), w[:0]).shape == (3, 0)
+
+
+@needs_kernel
 def test_bad_input_is_refused_with_the_fix_not_misread():
     w = torch.randn(8, 4)
     with pytest.raises(ValueError, match="float32 or bfloat16 CPU"):

@@ -169,6 +169,7 @@ static tile_fn<WT, OT> pick_rows(int r, int mb) {
 
 template <typename WT, typename OT>
 static void xwt(const float* x, long ldx, const WT* w, long ldw, OT* y, long ldy, long M, long N, long K) {
+    if (M <= 0 || N <= 0) return;  // nothing to write (and no blocks: the division below needs one)
     // Rows of x per block: as even as possible, at most 6 (5 + 4 for M = 9, not 6 + 3).
     const long blocks = (M + 5) / 6;
     const int mb = (int)((M + blocks - 1) / blocks);
@@ -299,6 +300,7 @@ static void amx_store(const float* c, long M, bf16* y, long ldy) {  // c: 16 x M
 }
 
 static bool xwt_amx(const bf16* x, long ldx, const bf16* w, long ldw, bf16* y, long ldy, long M, long N, long K) {
+    if (M <= 0 || N <= 0) return true;  // nothing to write (a tile of 0 columns is no valid configuration)
     if (M > 16 || N % 16 || K % 32 || !amx_granted()) return false;
     thread_local std::vector<uint32_t> xp;  // x^T in pairs: xp[(k / 2) * M + m] = x[m, k], x[m, k + 1]
     xp.resize((size_t)(K / 2 * M));
@@ -368,6 +370,7 @@ void speclab_gemm_xwt_bf16_widened(const bf16* x, long ldx, const bf16* w, long 
 void speclab_gemm_xwt_bf16_dot(const bf16* x, long ldx, const bf16* w, long ldw, bf16* y, long ldy,
                                long M, long N, long K) {
 #if defined(__AVX512BF16__)
+    if (M <= 0 || N <= 0) return;
     const long blocks = (M + 7) / 8;
     const int mb = (int)((M + blocks - 1) / blocks);
     const int R = rows_of_w_dp(mb);
