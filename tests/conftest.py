@@ -83,6 +83,17 @@ def controls(impl_name):
         pytest.skip("negative control: it grades the grader with deliberately wrong answers, not yours")
 
 
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for the test (speclab's CPU kernels run only then), restored after it. Kernel
+    test modules take it for every test: `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 # ------------------------------------------------------------------------------------------------
 # memory and time: what each test module leaves behind, which ones raise the process's peak, and
 # which ones take longest (what to trim when the suite outgrows CI's time)

@@ -19,12 +19,7 @@ needs_kernel = pytest.mark.skipif(not cpu_attention.available(),
                                   reason=f"kernel not built: {cpu_attention.why_unavailable()}")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def ragged(new, lens, H=9, Hkv=3, Dh=64, block_size=16, seed=0):

@@ -16,12 +16,7 @@ from speclab.models.packed_linear import PackedLinear
 needs_kernel = pytest.mark.skipif(not cpu_gemm.available(), reason=f"kernel not built: {cpu_gemm.why_unavailable()}")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def reference(x, w):

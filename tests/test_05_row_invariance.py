@@ -20,19 +20,12 @@ from speclab.models import cpu_attention, cpu_elementwise, cpu_gemm
 from speclab.models.llama import load_llama
 from tests.helpers import needs_smollm2_wheel, tiny_llama
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.skipif(
     not (cpu_gemm.available() and cpu_attention.available() and cpu_elementwise.available()),
-    reason=f"speclab's CPU kernels are not built here: {cpu_gemm.why_unavailable() or cpu_attention.why_unavailable()}")
+    reason=f"speclab's CPU kernels are not built here: {cpu_gemm.why_unavailable() or cpu_attention.why_unavailable()}"),
+    pytest.mark.usefixtures("one_torch_thread")]  # tests/conftest.py
 
 CONTEXT, NEW = 37, 5
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
