@@ -7,7 +7,9 @@ the distilled draft model "smollm2-draft" (scoring the 8192 tokens the target wr
 and with lesson 08's EAGLE head. For each it prints tokens/s,
 acceptance rate, mean acceptance length, the speedup over plain decoding measured in the same run,
 and whether the output is token-for-token identical to plain decoding (it must be: greedy
-speculation is exact in float32). It saves a plot to figures/demo.png.
+speculation is exact in float32). It saves a plot to figures/demo.png. `--dtype bfloat16` runs the
+real model in bfloat16 (half the bytes a step; its greedy outputs are compared with bfloat16 plain
+decoding, which speclab's row-invariant kernels make them equal to: tests/test_05_row_invariance.py).
 
 Without the wheel it says how to install it and runs the same comparison on the embedded pair
 (`--embedded` runs that one on purpose). `python -m speclab.demo --toy` runs lesson 02's loop on
@@ -147,13 +149,13 @@ def real_methods() -> tuple[list[tuple[str, dict]], list[str]]:
     return rows, missing
 
 
-def load_llms(model, rows: list, missing: list[str]) -> dict:
+def load_llms(model, rows: list, missing: list[str], dtype: str = "float32") -> dict:
     """One batch-1 LLM per row (None: plain decoding). A row whose LLM cannot be built (say, a draft
     directory that does not fit the target) is removed from `rows` with a line in `missing`."""
     from speclab.llm import LLM
 
     # batch 1 and short chats: a 0.1 GB pool holds ~2,000 tokens of SmolLM2's KV (the default 1 GB is for serving)
-    small = dict(max_num_seqs=1, max_num_batched_tokens=1024, kv_cache_gb=0.1)
+    small = dict(max_num_seqs=1, max_num_batched_tokens=1024, kv_cache_gb=0.1, dtype=dtype)
     llms = {None: LLM(model, **small)}
     for name, config in list(rows):
         try:
@@ -169,8 +171,10 @@ def spread(records: list, n: int) -> list:
     return [records[i * len(records) // n] for i in range(min(n, len(records)))]
 
 
-def real_demo(num_prompts: int = 2, max_tokens: int = 64, repeats: int = 2, threads: int = 1) -> None:
-    """Plain vs n-gram vs the draft model on the real model, per chat prompt set, batch 1, greedy."""
+def real_demo(num_prompts: int = 2, max_tokens: int = 64, repeats: int = 2, threads: int = 1,
+              dtype: str = "float32") -> None:
+    """Plain vs n-gram vs the draft model on the real model, per chat prompt set, batch 1, greedy, in
+    `dtype` (float32, the exact reference; bfloat16 is compared with bfloat16 plain decoding)."""
     from speclab.data.chat_prompts import SETS, chat_prompts_version, load_chat_prompts
     from speclab.llm import shared_weights
     from speclab.models import smollm2
@@ -181,7 +185,7 @@ def real_demo(num_prompts: int = 2, max_tokens: int = 64, repeats: int = 2, thre
     smollm2.model_dir()                      # converts the GGUF once (about 20 s), then reused
     rows, missing = real_methods()
     with shared_weights():  # every row's LLM reads one copy of the target's weights
-        llms = load_llms("smollm2", rows, missing)
+        llms = load_llms("smollm2", rows, missing, dtype)
     warm = [{"role": "user", "content": "Hi"}]
     for llm in llms.values():
         llm.chat(warm, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
@@ -192,7 +196,7 @@ def real_demo(num_prompts: int = 2, max_tokens: int = 64, repeats: int = 2, thre
         tokens = [o[0].outputs[0].token_ids for o in outs]
         return tokens, sum(map(len, tokens)) / sum(secs)
 
-    print(f"SmolLM2-135M-Instruct (Q4_1-dequantized, float32), LLM.chat, greedy, batch 1; {num_prompts} held-out "
+    print(f"SmolLM2-135M-Instruct (Q4_1-dequantized, {dtype}), LLM.chat, greedy, batch 1; {num_prompts} held-out "
           f"prompts per set, spread over its tasks (chat_prompts v{chat_prompts_version()}), up to {max_tokens} new tokens each;\n"
           f"each row measured {repeats} times, interleaved with plain decoding of the same prompts (median and range)"
           f"\nmachine: {machine_line(threads)}")
@@ -369,6 +373,8 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=2, help="times each row is measured")
     ap.add_argument("--num-prompts", type=int, default=None, help="prompts per set (default: 2 real, 6 embedded)")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="the real model's weights (default float32; bfloat16 reads half the bytes)")
     args = ap.parse_args(argv)
     from speclab.models import smollm2
 
@@ -379,7 +385,7 @@ def main(argv=None) -> None:
     if args.embedded:
         embedded_demo(args.num_prompts or 6, args.max_tokens, repeats=args.repeats, threads=args.threads)
     else:
-        real_demo(args.num_prompts or 2, args.max_tokens, repeats=args.repeats, threads=args.threads)
+        real_demo(args.num_prompts or 2, args.max_tokens, repeats=args.repeats, threads=args.threads, dtype=args.dtype)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 (no speed asserted)."""
 
 import pytest
+import torch
 
 from speclab import LLM, SamplingParams, demo
 from speclab.data.prompts import load_prompts
@@ -77,6 +78,21 @@ def test_a_draft_that_does_not_fit_the_target_loses_its_row_with_the_reason():
     llms = demo.load_llms("target", rows, missing)
     assert rows == [] and list(llms) == [None]
     assert missing[0].startswith("draft model, k=4 not available: ") and "-missing" in missing[0]
+
+
+def test_the_demo_s_rows_load_in_the_dtype_asked_for(monkeypatch):
+    """`--dtype bfloat16` reaches every row's LLM (the embedded target stands in for SmolLM2 here)."""
+    rows = [("n-gram, k=5", {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3,
+                             "prompt_lookup_min": 1})]
+    llms = demo.load_llms("target", rows, [], dtype="bfloat16")
+    assert {llm.model.lm_head.weight.dtype for llm in llms.values()} == {torch.bfloat16}
+    seen = []
+    monkeypatch.setattr(demo, "real_demo", lambda *a, **kw: seen.append(kw["dtype"]))
+    monkeypatch.setattr("speclab.models.smollm2.is_available", lambda: True)
+    demo.main(["--dtype", "bfloat16"])
+    assert seen == ["bfloat16"]
+    with pytest.raises(SystemExit):
+        demo.main(["--dtype", "float16"])  # refused by argparse, with the choices named
 
 
 def test_cpu_name_tells_the_vector_instructions_a_model_name_hides(tmp_path):
