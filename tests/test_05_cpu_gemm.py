@@ -54,13 +54,15 @@ BF16_SHAPES = [(64, 576), (960, 576), (48, 1536), (97, 576), (16, 40), (13, 7), 
 def test_bfloat16_kernel_computes_x_w_transposed(path, m, n, k):
     """bfloat16 x and W (the AMX tiles where n % 16 == 0 and k % 32 == 0, the AVX512-BF16 tiles and
     their tails elsewhere) against a float64 product of the same bfloat16 values: y is that product
-    rounded to bfloat16 (half an ulp) after a float32 sum (a few float32 ulps of the terms)."""
+    rounded to bfloat16 (half an ulp) after a float32 sum, whose rounding is bounded by the terms'
+    magnitudes (2^-16 of them: far above a float32 sum's error in any order over K <= 1536, far below
+    one term left out or counted twice, 1/K of them)."""
     g = torch.Generator().manual_seed(m * 1000 + n + k)
     w, x = torch.randn(n, k, generator=g).bfloat16(), torch.randn(m, k, generator=g).bfloat16()
     y, exact = cpu_gemm.linear(x, w, path=path), x.double() @ w.double().t()
     assert y.dtype == torch.bfloat16 and y.shape == (m, n)
     terms = x.double().abs() @ w.double().abs().t()  # what a float32 sum's rounding scales with
-    assert ((y.double() - exact).abs() <= exact.abs() * 2 ** -8 + terms * 2 ** -20 + 1e-30).all()
+    assert ((y.double() - exact).abs() <= exact.abs() * 2 ** -8 + terms * 2 ** -16 + 1e-30).all()
 
 
 @needs_kernel
