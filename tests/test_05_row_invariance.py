@@ -22,7 +22,8 @@ from tests.helpers import needs_smollm2_wheel, tiny_llama
 
 pytestmark = [pytest.mark.skipif(
     not (cpu_gemm.available() and cpu_attention.available() and cpu_elementwise.available()),
-    reason=f"speclab's CPU kernels are not built here: {cpu_gemm.why_unavailable() or cpu_attention.why_unavailable()}"),
+    reason="speclab's CPU kernels are not built here: " + (cpu_gemm.why_unavailable() or cpu_attention.why_unavailable()
+                                                           or cpu_elementwise.why_unavailable())),
     pytest.mark.usefixtures("one_torch_thread")]  # tests/conftest.py
 
 CONTEXT, NEW = 37, 5

@@ -6,7 +6,7 @@ The products of one forward of the target over M rows (M = 1 is a batch-1 decode
 verify step): every layer's fused qkv, o, gate_up and down projection and the LM head, with weights
 of the target's shapes (random values: the time depends on the shapes only), one copy per layer, so
 each product reads its weight from memory as a forward does. Columns, each a path `PackedLinear` can
-take: speclab's kernel (`cpu_gemm`: float32; bfloat16 on its best path here and on the two below it),
+take: speclab's kernel (`cpu_gemm`: float32; bfloat16 on its best path here and on those below it the CPU has),
 `F.linear` on the (out, in) weight, and oneDNN's packed copy (what more than 16 rows take). Each cell is
 the median over `--rounds` interleaved rounds (every path at every M once per round) in ms, with the
 weights' read rate in GB/s and the cost in one-row products of the same path. Speeds are printed,
@@ -46,8 +46,15 @@ def paths(dtype: torch.dtype) -> dict:
     if dtype == torch.float32:
         return {"kernel": (lambda w: w, cpu_gemm.xwt), "F.linear": plain, "oneDNN packed": packed}
     kernels = {f"kernel {name}": (lambda w: w, lambda x, w, name=name: cpu_gemm.xwt(x, w, name))
-               for name in ("best", "avx512_bf16", "widened")}
+               for name in bf16_kernel_paths()}
     return {**kernels, "F.linear": plain, "oneDNN packed": packed}
+
+
+def bf16_kernel_paths() -> list[str]:
+    """The kernel's bfloat16 paths this CPU runs: its best, and below it AVX512-BF16 where the CPU has
+    that instruction (a path it lacks would fall back and only repeat the widened column)."""
+    vector = cpu_gemm.bf16_path(17, 16, 32)  # past AMX's 16 rows: the vector path
+    return ["best"] + (["avx512_bf16"] if vector == "avx512_bf16" else []) + ["widened"]
 
 
 def measure(shapes, dtype, rows: list[int], rounds: int) -> list[dict]:
