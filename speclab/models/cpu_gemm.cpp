@@ -17,7 +17,7 @@
 // of the figures above the non-temporal hint gave 34 ms for five rows; the L2 hint was not timed there.
 //
 // Exactness: every output y[m, j] is one accumulator of 8 lanes, fed chunk by chunk in order of k,
-// then reduced in a fixed order, then the scalar tail. That sequence does not depend on M, on R
+// then reduced in a fixed order (a halving tree, in registers), then the scalar tail. That sequence does not depend on M, on R
 // or on which block the row fell in, so a row's result is bit for bit the same in a one-row decode
 // step and in a nine-row verify step (tests/test_05_cpu_gemm.py checks it). A GEMM library picks a
 // different summation order per shape; this kernel never does.
@@ -36,6 +36,13 @@
 // PackedLinear hands those to the GEMM library anyway); the paths differ from each other (and from
 // oneDNN) in rounding.
 //
+// The reduction is not free: a 576-long row is 18 steps of the loop, and each of the M * N sums
+// then needs its lanes added. Done through memory (the vector stored, its lanes read back as
+// scalars), that tail cost more than the arithmetic: on 2026-12-04's Zen 4 EPYC (AVX512-BF16, one
+// thread, 7 calls, medians) SmolLM2's 211 products of a forward in bfloat16 took 15.6 / 21.1 / 47.3 ms
+// for 1 / 5 / 9 rows; with the same tree in registers 14.0 / 12.8 / 16.8 ms, the same bits. With
+// AVX-512's 32 registers the float32 tiles grow (below): 7-9 rows 45-54 -> 29-34 ms, 1-6 unchanged.
+//
 // Built by speclab/models/cpu_gemm.py with the host's C++ compiler (-O3 -march=native
 // -ffp-contract=off); GCC's and clang's vector extensions compile to AVX2/FMA on x86 and to NEON
 // on ARM.
@@ -44,7 +51,7 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
-#if defined(__FMA__) || defined(__AVX512BF16__)
+#if defined(__AVX__) || defined(__FMA__) || defined(__AVX512BF16__)
 #include <immintrin.h>
 #endif
 
@@ -100,8 +107,14 @@ static inline void store(bf16* y, float s) {  // round to nearest even, as torch
 }
 
 static inline float reduce8(v8 a) {  // fixed order: (0+4, 1+5, 2+6, 3+7), then pairs, then the two
+#if defined(__AVX__)
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128((__m256)a), _mm256_extractf128_ps((__m256)a, 1));
+    const __m128 p = _mm_add_ps(s, _mm_movehl_ps(s, s));       // s0 + s2, s1 + s3
+    return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));  // (s0 + s2) + (s1 + s3)
+#else
     float s0 = a[0] + a[4], s1 = a[1] + a[5], s2 = a[2] + a[6], s3 = a[3] + a[7];
     return (s0 + s2) + (s1 + s3);
+#endif
 }
 
 constexpr long PREFETCH_BYTES = 16384;  // 16 KB ahead (a sweep of 2-16 KB: 8-16 KB were best, float32)
@@ -146,8 +159,11 @@ static void tile(const float* x, long ldx, const WT* w, long ldw, OT* y, long ld
 template <typename WT, typename OT>
 using tile_fn = void (*)(const float*, long, const WT*, long, OT*, long, long);
 
-// The tiles the driver below uses: R = 6 rows of W with 1 row of x, 4 with up to 2, 3 with up to
-// 3, 2 with up to 6, and 1 (the last rows of W) with any block; only these are compiled.
+// The tiles the driver below uses. With 16 vector registers (AVX2, NEON): R = 6 rows of W with 1
+// row of x, 4 with up to 2, 3 with up to 3, 2 with up to 6, and 1 (the last rows of W) with any
+// block, at most 6 rows of x a block. With AVX-512's 32 (the same 8-lane code, more registers to
+// hold sums): R = 8 with up to 2, 6 with 3, 5 with 4, 4 with up to 6, 3 with up to 9, 1 with any.
+// Only these are compiled. A tile's shape changes no row's order of summation, so not its bits.
 template <typename WT, typename OT, int R, int MAXMB>
 static tile_fn<WT, OT> pick(int mb) {
     if constexpr (MAXMB > 1) {
@@ -155,6 +171,25 @@ static tile_fn<WT, OT> pick(int mb) {
     }
     return tile<WT, OT, R, MAXMB>;
 }
+
+#if defined(__AVX512F__)
+constexpr int MAX_MB = 9;
+static int rows_of_w(int mb) { return mb <= 2 ? 8 : (mb == 3 ? 6 : (mb == 4 ? 5 : (mb <= 6 ? 4 : 3))); }
+
+template <typename WT, typename OT>
+static tile_fn<WT, OT> pick_rows(int r, int mb) {
+    switch (r) {
+        case 8: return pick<WT, OT, 8, 2>(mb);
+        case 6: return pick<WT, OT, 6, 3>(mb);
+        case 5: return pick<WT, OT, 5, 4>(mb);
+        case 4: return pick<WT, OT, 4, 6>(mb);
+        case 3: return pick<WT, OT, 3, 9>(mb);
+        default: return pick<WT, OT, 1, 9>(mb);
+    }
+}
+#else
+constexpr int MAX_MB = 6;
+static int rows_of_w(int mb) { return mb == 1 ? 6 : (mb == 2 ? 4 : (mb == 3 ? 3 : 2)); }
 
 template <typename WT, typename OT>
 static tile_fn<WT, OT> pick_rows(int r, int mb) {
@@ -166,15 +201,16 @@ static tile_fn<WT, OT> pick_rows(int r, int mb) {
         default: return pick<WT, OT, 1, 6>(mb);
     }
 }
+#endif
 
 template <typename WT, typename OT>
 static void xwt(const float* x, long ldx, const WT* w, long ldw, OT* y, long ldy, long M, long N, long K) {
     if (M <= 0 || N <= 0) return;  // nothing to write (and no blocks: the division below needs one)
-    // Rows of x per block: as even as possible, at most 6 (5 + 4 for M = 9, not 6 + 3).
-    const long blocks = (M + 5) / 6;
+    // Rows of x per block: as even as possible, at most MAX_MB (AVX2: 5 + 4 for M = 9, not 6 + 3).
+    const long blocks = (M + MAX_MB - 1) / MAX_MB;
     const int mb = (int)((M + blocks - 1) / blocks);
-    // Rows of W per tile: as many as the 16 registers allow beside the R * mb accumulators.
-    const int R = mb == 1 ? 6 : (mb == 2 ? 4 : (mb == 3 ? 3 : 2));
+    // Rows of W per tile: as many as the vector registers allow beside the R * mb accumulators.
+    const int R = rows_of_w(mb);
     const long N_main = N - N % R;
     for (long j = 0; j < N; ) {
         const int r = j < N_main ? R : 1;
@@ -191,13 +227,11 @@ static void xwt(const float* x, long ldx, const WT* w, long ldw, OT* y, long ldy
 // multiplies them with 32 bfloat16 of each of MB rows of x into 16 float32 sums (vdpbf16ps adds
 // each pair's two products to one lane). The sums of y[m, j] run over k in order, then one fixed
 // reduction, then the scalar tail: the same whatever M, R or the block.
-static inline float reduce16(__m512 a) {  // fixed order: the two halves' lanes added, then reduce8
-    v8 lo, hi;
-    float t[16];
-    _mm512_storeu_ps(t, a);
-    std::memcpy(&lo, t, sizeof(lo));
-    std::memcpy(&hi, t + 8, sizeof(hi));
-    return reduce8(lo + hi);
+static inline float reduce16(__m512 a) {  // the same tree as reduce8(lo + hi), in registers
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));  // s_i = h_i + h_(i+4)
+    const __m128 p = _mm_add_ps(s, _mm_movehl_ps(s, s));                                  // s0 + s2, s1 + s3
+    return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));                             // (s0 + s2) + (s1 + s3)
 }
 
 template <int R, int MB>
