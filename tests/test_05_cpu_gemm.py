@@ -25,10 +25,11 @@ def reference(x, w):
 
 @needs_kernel
 @pytest.mark.parametrize("n,k", [(96, 40), (97, 576), (13, 7), (960, 576), (6, 1536), (5, 8), (1, 3)])
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 9, 12, 16])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16])
 def test_kernel_computes_x_w_transposed(m, n, k):
-    """Every tile shape (rows of W per tile 6/4/3/2/1, rows of x per block 1-6) and the tails
-    (n not a multiple of the tile, k not a multiple of 8) against a float64 product."""
+    """Every tile shape (rows of W per tile 6/4/3/2/1 with 1-6 rows of x a block on 16 vector
+    registers; 8/6/5/4/3/1 with 1-9 on AVX-512's 32) and the tails (n not a multiple of the tile,
+    k not a multiple of 8) against a float64 product."""
     g = torch.Generator().manual_seed(m * 1000 + n + k)
     w, x = torch.randn(n, k, generator=g), torch.randn(m, k, generator=g)
     torch.testing.assert_close(cpu_gemm.linear(x, w), reference(x, w), rtol=1e-5, atol=1e-5 * k ** 0.5)
