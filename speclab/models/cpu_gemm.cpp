@@ -17,9 +17,9 @@
 // of the figures above the non-temporal hint gave 34 ms for five rows; the L2 hint was not timed there.
 //
 // Exactness: every output y[m, j] is one accumulator of 8 lanes, fed chunk by chunk in order of k,
-// then reduced in a fixed order (a halving tree, in registers), then the scalar tail. That sequence does not depend on M, on R
-// or on which block the row fell in, so a row's result is bit for bit the same in a one-row decode
-// step and in a nine-row verify step (tests/test_05_cpu_gemm.py checks it). A GEMM library picks a
+// then reduced in a fixed order (a halving tree, in registers), then the scalar tail. That sequence
+// does not depend on M, on R or on which block the row fell in, so a row's result is bit for bit the
+// same in a one-row decode step and in a nine-row verify step (tests/test_05_cpu_gemm.py checks it). A GEMM library picks a
 // different summation order per shape; this kernel never does.
 //
 // bfloat16 (speclab_gemm_xwt_bf16): the same product over half the bytes, y rounded to bfloat16 as

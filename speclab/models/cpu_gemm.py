@@ -34,10 +34,10 @@ bfloat16 on AMX 20.2 | 20.5 | 21.8 (18.5 | 19.3 in a second run), AVX512-BF16 17
 widened 21.6 | 26.1 | 39.7, oneDNN packed 24.7 | 24.7 | 25.0 and `F.linear` 33.2 | 37.2 | 38.0. AMX's
 tiles multiply 16 rows of W by up to 16 of x in one instruction, and five rows cost what one does.
 Those AVX512-BF16 figures were read as the instruction's arithmetic (about 1.9 G a second in a
-register-only loop there), but most of the cost was the tail: each of the M * N sums had its 16
-lanes stored and added back as scalars. Added in registers (the same tree, the same bits), on a
-2-core Zen 4 EPYC with AVX512-BF16 and no AMX (2026-12-04 17:0x UTC, load average 0.4-0.7, 5
-interleaved rounds, medians), AVX512-BF16 went from 14.3 | 20.3 | 37.2 to 15.1 | 14.0 | 21.8 ms
+register-only loop there); on a Zen 4 most of the cost turned out to be the tail, each of the M * N
+sums having its 16 lanes stored and added back as scalars. Added in registers (the same tree, the
+same bits), on a 2-core Zen 4 EPYC with AVX512-BF16 and no AMX (2026-12-04, `bench gemm` at 16:52
+and 16:59 UTC, load average 0.4-0.7, 5 interleaved rounds, medians), AVX512-BF16 went from 14.3 | 20.3 | 37.2 to 15.1 | 14.0 | 21.8 ms
 (oneDNN packed 20.9 | 21.9 | 23.2 in the same run), so five rows cost what one does on that path
 too; the float32 kernel, with AVX-512's 32 registers holding larger tiles, 9 rows 55.5 -> 41.5 ms
 (and 7 rows 52.9 -> 31.8) in a standalone harness of the same products. The Xeon was not re-measured.
