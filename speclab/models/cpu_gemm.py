@@ -40,7 +40,8 @@ same bits), on a 2-core Zen 4 EPYC with AVX512-BF16 and no AMX (2026-12-04, `ben
 and 16:59 UTC, load average 0.4-0.7, 5 interleaved rounds, medians), AVX512-BF16 went from 14.3 | 20.3 | 37.2 to 15.1 | 14.0 | 21.8 ms
 (oneDNN packed 20.9 | 21.9 | 23.2 in the same run), so five rows cost what one does on that path
 too; the float32 kernel, with AVX-512's 32 registers holding larger tiles, 9 rows 55.5 -> 41.5 ms
-(and 7 rows 52.9 -> 31.8) in a standalone harness of the same products. The Xeon was not re-measured.
+(and 7 rows 52.9 -> 31.8) in a standalone harness of the same products (3 interleaved runs, medians,
+load average 0.5-0.8). The Xeon was not re-measured.
 
 On AVX2 (a Zen 3 EPYC, 2026-12-03, one thread, load average 0.7-1.1, medians of 9 interleaved rounds) five rows still cost 1.18-1.21x one row over SmolLM2's
 projections, and the weight's layout is what moves that, not the arithmetic. Keeping each x chunk in a
