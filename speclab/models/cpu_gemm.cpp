@@ -40,8 +40,8 @@
 // then needs its lanes added. Done through memory (the vector stored, its lanes read back as
 // scalars), that tail cost more than the arithmetic: on 2026-12-04's Zen 4 EPYC (AVX512-BF16, one
 // thread, load average 0.4-0.8, 7 calls, medians, a standalone C++ harness over SmolLM2's 211
-// unfused products of a forward) bfloat16 on AVX512-BF16 took 15.6 / 21.1 / 47.3 ms for 1 / 5 / 9 rows; with the same
-// tree in registers 14.0 / 12.8 / 16.8 ms, the same bits. With AVX-512's 32 registers the float32
+// unfused products of a forward) bfloat16 on AVX512-BF16 took 15.6 / 21.1 / 47.3 ms for 1 / 5 / 9
+// rows; with the same tree in registers 14.0 / 12.8 / 16.8 ms, the same bits. With AVX-512's 32 registers the float32
 // tiles grow (below): 7-9 rows 45-54 -> 29-34 ms, 1-6 rows unchanged within the noise.
 //
 // Built by speclab/models/cpu_gemm.py with the host's C++ compiler (-O3 -march=native
