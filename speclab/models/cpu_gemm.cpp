@@ -18,9 +18,9 @@
 //
 // Exactness: every output y[m, j] is one accumulator of 8 lanes, fed chunk by chunk in order of k,
 // then reduced in a fixed order (a halving tree, in registers), then the scalar tail. That sequence
-// does not depend on M, on R or on which block the row fell in, so a row's result is bit for bit the
-// same in a one-row decode step and in a nine-row verify step (tests/test_05_cpu_gemm.py checks it). A GEMM library picks a
-// different summation order per shape; this kernel never does.
+// does not depend on M, on R or on which block the row fell in, so a row's result is bit for bit
+// the same in a one-row decode step and in a nine-row verify step (tests/test_05_cpu_gemm.py checks
+// it). A GEMM library picks a different summation order per shape; this kernel never does.
 //
 // bfloat16 (speclab_gemm_xwt_bf16): the same product over half the bytes, y rounded to bfloat16 as
 // torch rounds (nearest even), on the best of three paths. With AMX (Intel from Sapphire Rapids on)
@@ -41,8 +41,9 @@
 // scalars), that tail cost more than the arithmetic: on 2026-12-04's Zen 4 EPYC (AVX512-BF16, one
 // thread, load average 0.4-0.8, 7 calls, medians, a standalone C++ harness over SmolLM2's 211
 // unfused products of a forward) bfloat16 on AVX512-BF16 took 15.6 / 21.1 / 47.3 ms for 1 / 5 / 9
-// rows; with the same tree in registers 14.0 / 12.8 / 16.8 ms, the same bits. With AVX-512's 32 registers the float32
-// tiles grow (below): 7-9 rows 45-54 -> 29-34 ms, 1-6 rows unchanged within the noise.
+// rows; with the same tree in registers 14.0 / 12.8 / 16.8 ms, the same bits. With AVX-512's 32
+// registers the float32 tiles grow (below): 7-9 rows 45-54 -> 29-34 ms, 1-6 rows unchanged within
+// the noise.
 //
 // Built by speclab/models/cpu_gemm.py with the host's C++ compiler (-O3 -march=native
 // -ffp-contract=off); GCC's and clang's vector extensions compile to AVX2/FMA on x86 and to NEON
