@@ -29,7 +29,7 @@ def accept_kernel(out_ptr, stride_out, num_accepted_ptr, draft_ptr, cu_num_draft
     # Return at once for a greedy request; find request r's first draft row and k_r (careful at r = 0:
     # a masked load, tl.load(ptr, mask=..., other=0)); loop i over the drafts while nothing was
     # rejected: load x_i, then p(x_i) and q(x_i) with the loads masked when x_i == -1 (q = 1 when
-    # NO_DRAFT_PROBS) and u_i; accept as the docstring at the top says (tl.fdiv(..., ieee_rounding=True),
-    # compare in tl.float64); store accepted drafts at out[r, i]; finally store n at num_accepted[r].
+    # NO_DRAFT_PROBS) and u_i; accept as the docstring at the top says (tl.math.div_rn(p, q), IEEE
+    # division, compare in tl.float64); store accepted drafts at out[r, i]; finally store n at num_accepted[r].
     raise NotImplementedError("TODO(ex07): derive r's draft rows from the inclusive cu_num_draft_tokens, then walk "
                               "them: accept while x >= 0, q > 0 and p / q >= u; store the drafts and n (~22 lines)")

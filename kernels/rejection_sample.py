@@ -23,8 +23,11 @@ A fourth, marked kernel implements lesson 10's block verification (`_block_kerne
 Run `python scripts/bench_kernel.py` for the benchmark.
 """
 
+import argparse
 import dataclasses
+import json
 import os
+import platform
 
 import torch
 
@@ -36,6 +39,7 @@ import triton.language as tl
 
 from speclab.verify.layout import PLACEHOLDER_TOKEN_ID, check_batch, check_or_draw_noise, check_or_draw_uniforms
 from speclab.timing import timed
+from speclab.verify import block as block_rule
 from speclab.verify.rejection import rejection_sample as rejection_sample_torch
 
 DEFAULT_BLOCK_V = 2048  # vocabulary tile: 2048 float32 = 8 KiB per row per load
@@ -56,6 +60,18 @@ DEFAULT_BLOCK_V = 2048  # vocabulary tile: 2048 float32 = 8 KiB per row per load
 
 # ----------------------------------------------------------------------------------------------
 # Building blocks
+
+
+@triton.jit
+def _div_rn(x, y):
+    """x / y rounded to nearest (IEEE), as torch divides. A GPU's float32 `/` compiles to a faster
+    division that can be off in the last bit; tl.math.div_rn asks for the exact one. (tl.fdiv(x, y,
+    ieee_rounding=True) does too on recent Triton, but older versions drop the flag: on an H200 with
+    Triton 3.6 it accepted a draft that torch rejects.) Float64 division is always IEEE."""
+    if x.dtype == tl.float32:
+        if y.dtype == tl.float32:
+            return tl.math.div_rn(x, y)
+    return x / y
 
 
 @triton.jit
@@ -143,8 +159,9 @@ def _accept_kernel(out_ptr, stride_out, num_accepted_ptr, draft_ptr, cu_ptr, k_p
                 q = tl.load(draft_probs_ptr + (cu + i) * stride_draft + x * stride_draft_v, mask=real, other=0.0)
             u = tl.load(uniforms_ptr + cu + i)  # float64
             # torch divides with IEEE round-to-nearest; Triton's `/` may use a faster, less exact
-            # division on GPUs, so ask for IEEE rounding. q = 0 never accepts (and is not divided by).
-            ratio = tl.fdiv(p, tl.where(q > 0, q, 1.0), ieee_rounding=True)
+            # division on GPUs, so ask for IEEE rounding (_div_rn). q = 0 never accepts (and is not
+            # divided by).
+            ratio = _div_rn(p, tl.where(q > 0, q, 1.0))
             if real & (q > 0) & (ratio.to(tl.float64) >= u):
                 tl.store(out_row + i, x)
                 n += 1
@@ -198,8 +215,8 @@ def _end_token_kernel(out_ptr, stride_out, num_accepted_ptr, draft_ptr, cu_ptr, 
             q = tl.load(q_row + offs_v * stride_draft_v, mask=offs_v < V_q, other=0.0)
         residual = tl.maximum(p - q, 0.0)  # equals p exactly where q = 0 (bonus rows, placeholders)
         res_positive = tl.maximum(res_positive, tl.max((residual > 0).to(tl.int32), axis=0))
-        race_res = tl.where(mask, tl.fdiv(residual, e, ieee_rounding=True), float("-inf"))
-        race_p = tl.where(mask, tl.fdiv(p.to(residual.dtype), e, ieee_rounding=True), float("-inf"))
+        race_res = tl.where(mask, _div_rn(residual, e), float("-inf"))
+        race_p = tl.where(mask, _div_rn(p.to(residual.dtype), e), float("-inf"))
         best_res, idx_res = _argmax_update(best_res, idx_res, race_res, start)
         best_p, idx_p = _argmax_update(best_p, idx_p, race_p, start)
     token = tl.where(res_positive > 0, idx_res, idx_p)
@@ -355,7 +372,7 @@ def _block_kernel(out_ptr, stride_out, num_accepted_ptr, draft_ptr, cu_ptr, k_pt
     out_row = out_ptr + r.to(tl.int64) * stride_out
     rho = tl.full([], 1.0, tl.float64)  # rho_0 = 1
     rho_tau = tl.full([], 1.0, tl.float64)
-    tau = 0
+    tau = tl.zeros([], tl.int64)  # set to i + 1 below: the loop index has k's type (int64)
     k_eff = 0  # drafts before the first placeholder: the rest are ignored
     alive = 1
     for i in range(0, k):
@@ -368,7 +385,7 @@ def _block_kernel(out_ptr, stride_out, num_accepted_ptr, draft_ptr, cu_ptr, k_pt
                 q_x = tl.full([], 1.0, tl.float64)
             else:
                 q_x = tl.load(draft_probs_ptr + (cu + i) * stride_draft + x * stride_draft_v).to(tl.float64)
-            ratio = tl.fdiv(p_x, tl.where(q_x > 0, q_x, 1.0), ieee_rounding=True)
+            ratio = _div_rn(p_x, tl.where(q_x > 0, q_x, 1.0))
             rho = tl.where(q_x > 0, tl.minimum(rho * ratio, 1.0), 0.0)
             x_next = tl.load(draft_ptr + cu + i + 1, mask=i + 1 < k, other=-1)
             h = rho  # the last draft: h = rho
@@ -377,7 +394,7 @@ def _block_kernel(out_ptr, stride_out, num_accepted_ptr, draft_ptr, cu_ptr, k_pt
                                    draft_probs_ptr + (cu + i + 1) * stride_draft, stride_draft_v, x_next, V,
                                    NO_DRAFT_PROBS, BLOCK_V)
                 denom = z + (1.0 - rho)
-                h = tl.where(denom > 0, tl.fdiv(z, tl.where(denom > 0, denom, 1.0), ieee_rounding=True), 1.0)
+                h = tl.where(denom > 0, _div_rn(z, tl.where(denom > 0, denom, 1.0)), 1.0)
             if tl.load(uniforms_ptr + cu + i) <= h:
                 tau = i + 1  # keep the LAST position that passes
                 rho_tau = rho
@@ -408,8 +425,8 @@ def _block_kernel(out_ptr, stride_out, num_accepted_ptr, draft_ptr, cu_ptr, k_pt
             q = tl.load(q_row + offs_v * stride_draft_v, mask=offs_v < V_q, other=0.0).to(tl.float64)
         residual = tl.maximum(rho_tau * p - q, 0.0)
         res_positive = tl.maximum(res_positive, tl.max((residual > 0).to(tl.int32), axis=0))
-        race_res = tl.where(mask, tl.fdiv(residual, e, ieee_rounding=True), float("-inf"))
-        race_p = tl.where(mask, tl.fdiv(p, e, ieee_rounding=True), float("-inf"))
+        race_res = tl.where(mask, _div_rn(residual, e), float("-inf"))
+        race_p = tl.where(mask, _div_rn(p, e), float("-inf"))
         best_res, idx_res = _argmax_update(best_res, idx_res, race_res, start)
         best_p, idx_p = _argmax_update(best_p, idx_p, race_p, start)
     token = tl.where(rejected & (res_positive > 0), idx_res, idx_p)
@@ -491,51 +508,73 @@ def _bench_inputs(B, k, V, device, seed=0):
     return drafts, [k] * B, p, q, u, e
 
 
-def _bytes_moved(b: Batch) -> int:
-    """Minimum traffic of the kernels: per request k scalars of p, q, u and drafts, one row of p
-    and noise, one row of q if a draft was rejected, and the output row."""
+def _bytes_moved(b: Batch, rule: str = "standard") -> int:
+    """Minimum traffic of a rule's kernels: per request k scalars of p, q, u and drafts, one row of p
+    and noise, one row of q if a draft was rejected, and the output row; the block rule also reads
+    whole rows of p and q at every draft position but the first (its residual mass Z)."""
     V, e = b.target_probs.shape[1], b.target_probs.element_size()
     rejected = int((b.num_accepted < b.k).sum())
     B, T = b.k.numel(), b.draft_token_ids.numel()
-    return B * V * (e + b.noise.element_size()) + rejected * V * e + T * (2 * e + 16) + b.out.numel() * 8
+    extra = 2 * V * e * int((b.k - 1).clamp(min=0).sum()) if rule == "block" else 0
+    return B * V * (e + b.noise.element_size()) + rejected * V * e + T * (2 * e + 16) + b.out.numel() * 8 + extra
 
 
-def _launch_all(b, block_v):
+def _launch_all(b, block_v, rule="standard"):
     launch_greedy(b, block_v)
-    launch_accept(b)
-    launch_end_tokens(b, block_v)
+    if rule == "block":
+        launch_block(b, block_v)
+    else:
+        launch_accept(b)
+        launch_end_tokens(b, block_v)
 
 
-def _bench_gpu():
-    from triton.testing import do_bench
-    dev = "cuda"
-    src = torch.empty(1 << 28, dtype=torch.uint8, device=dev)  # 256 MiB copy: the achievable limit
+def _bench_gpu(json_path=None, dev="cuda", vocabs=(32000, 128256), batches=(1, 64, 256), copy_bytes=1 << 30):
+    from triton.testing import do_bench  # only on a GPU: the interpreter has no do_bench timing
+    src = torch.empty(copy_bytes, dtype=torch.uint8, device=dev).random_(0, 255)  # 1 GiB: far past the L2
     dst = torch.empty_like(src)
-    copy_gbs = 2 * src.numel() / do_bench(lambda: dst.copy_(src)) * 1e-6
-    print(f"{torch.cuda.get_device_name()}: device-to-device copy {copy_gbs:.0f} GB/s (the memory limit below)")
-    print(f"{'B':>4} {'k':>2} {'V':>7} | {'kernels ms':>10} {'GB/s':>7} {'% copy':>6} | "
+    copy_gbs = 2 * src.numel() / do_bench(lambda: dst.copy_(src), return_mode="median") * 1e-6
+    del src, dst
+    name = torch.cuda.get_device_name()
+    print(f"{name}: device-to-device copy {copy_gbs:.0f} GB/s, bytes read + written (the memory limit below)")
+    print(f"{'rule':>8} {'B':>4} {'k':>2} {'V':>7} | {'kernels ms':>10} {'GB/s':>7} {'% copy':>6} | "
           f"{'wrapper ms':>10} {'torch ref ms':>12} {'ref/kernels':>11}")
-    for V in (32000, 128256):
-        for B in (1, 64, 256):
-            k = 5
-            drafts, ks, p, q, u, e = _bench_inputs(B, k, V, dev)
-            b = prepare_batch(drafts, ks, p, q, uniforms=u, noise=e)
-            block_v = min(DEFAULT_BLOCK_V, triton.next_power_of_2(V))
+    references = {"standard": rejection_sample_torch, "block": block_rule.rejection_sample}
+    wrappers = {"standard": rejection_sample, "block": rejection_sample_block}
+    rows = []
+    for rule in ("standard", "block"):
+        for V in vocabs:
+            for B in batches:
+                k = 5
+                drafts, ks, p, q, u, e = _bench_inputs(B, k, V, dev)
+                b = prepare_batch(drafts, ks, p, q, uniforms=u, noise=e)
+                block_v = min(DEFAULT_BLOCK_V, triton.next_power_of_2(V))
 
-            def kernels_only():
-                b.out.fill_(PLACEHOLDER_TOKEN_ID)
-                _launch_all(b, block_v)
+                def kernels_only():
+                    b.out.fill_(PLACEHOLDER_TOKEN_ID)
+                    _launch_all(b, block_v, rule)
 
-            t_kernel = do_bench(kernels_only)
-            gbs = _bytes_moved(b) / t_kernel * 1e-6
-            t_wrap = do_bench(lambda: rejection_sample(drafts, ks, p, q, uniforms=u, noise=e))
-            t_ref = do_bench(lambda: rejection_sample_torch(drafts, ks, p, q, uniforms=u, noise=e))
-            assert torch.equal(rejection_sample(drafts, ks, p, q, uniforms=u, noise=e),
-                               rejection_sample_torch(drafts, ks, p, q, uniforms=u, noise=e))
-            print(f"{B:>4} {k:>2} {V:>7} | {t_kernel:>10.3f} {gbs:>7.0f} {100 * gbs / copy_gbs:>5.0f}% | "
-                  f"{t_wrap:>10.3f} {t_ref:>12.3f} {t_ref / t_kernel:>10.1f}x")
-    print("kernels = the three launches on a prepared batch; wrapper adds speclab's input checks "
-          "(which read every row); GB/s counts the minimum bytes the kernels must move.")
+                t_kernel = do_bench(kernels_only, return_mode="median")
+                gbs = _bytes_moved(b, rule) / t_kernel * 1e-6
+                wrap, ref = wrappers[rule], references[rule]
+                t_wrap = do_bench(lambda: wrap(drafts, ks, p, q, uniforms=u, noise=e), return_mode="median")
+                t_ref = do_bench(lambda: ref(drafts, ks, p, q, uniforms=u, noise=e), return_mode="median")
+                identical = torch.equal(wrap(drafts, ks, p, q, uniforms=u, noise=e),
+                                        ref(drafts, ks, p, q, uniforms=u, noise=e))
+                print(f"{rule:>8} {B:>4} {k:>2} {V:>7} | {t_kernel:>10.3f} {gbs:>7.0f} {100 * gbs / copy_gbs:>5.0f}% | "
+                      f"{t_wrap:>10.3f} {t_ref:>12.3f} {t_ref / t_kernel:>10.1f}x" + ("" if identical else "  DIFFERENT"))
+                rows.append(dict(rule=rule, B=B, k=k, V=V, kernels_ms=t_kernel, gb_per_s=gbs,
+                                 fraction_of_copy=gbs / copy_gbs, wrapper_ms=t_wrap, torch_reference_ms=t_ref,
+                                 reference_over_kernels=t_ref / t_kernel, identical=identical))
+                assert identical, f"{rule} B={B} V={V}: the kernels and the torch reference differ"
+    print("kernels = the launches on a prepared batch (greedy + accept + end token, or greedy + block); wrapper "
+          "adds speclab's input checks (which read every row); GB/s counts the minimum bytes the kernels must "
+          "move; medians of triton.testing.do_bench.")
+    if json_path:
+        machine = dict(gpu=name, copy_gb_per_s=copy_gbs, torch=torch.__version__, triton=triton.__version__,
+                       cuda=torch.version.cuda, python=platform.python_version())
+        with open(json_path, "w") as f:
+            json.dump({"machine": machine, "rows": rows}, f, indent=1)
+        print(f"wrote {json_path}")
 
 
 def _bench_interpreter():
@@ -552,9 +591,12 @@ def _bench_interpreter():
         print(f"{B:>4} {5:>2} {V:>6} | {times['kernel']:>14.1f} {times['ref']:>12.2f}")
 
 
-def main():
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="lesson 07's Triton verification kernels against the torch rules")
+    parser.add_argument("--json", metavar="PATH", help="also write the GPU table as JSON")
+    args = parser.parse_args(argv)
     if torch.cuda.is_available() and not interpreted():
-        _bench_gpu()
+        _bench_gpu(args.json)
     elif interpreted():
         _bench_interpreter()
     else:

@@ -41,7 +41,7 @@ def accept_kernel(out_ptr, stride_out, num_accepted_ptr, draft_ptr, cu_num_draft
             else:
                 q = tl.load(draft_probs_ptr + (start + i) * stride_draft + x * stride_draft_v, mask=real, other=0.0)
             u = tl.load(uniforms_ptr + start + i)
-            ratio = tl.fdiv(p, tl.where(q > 0, q, 1.0), ieee_rounding=True)
+            ratio = tl.math.div_rn(p, tl.where(q > 0, q, 1.0))
             if real & (q > 0) & (ratio.to(tl.float64) >= u):
                 tl.store(out_ptr + r.to(tl.int64) * stride_out + i, x)
                 n += 1

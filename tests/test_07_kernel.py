@@ -2,7 +2,9 @@
 
 Without a GPU the kernels run in Triton's CPU interpreter (conftest.py sets TRITON_INTERPRET=1),
 which executes every program in Python: batches and vocabularies stay small, and a small BLOCK_V
-(32) makes the multi-block paths (running argmax across tiles, the masked tail) run anyway.
+(32) makes the multi-block paths (running argmax across tiles, the masked tail) run anyway. With a
+GPU they compile for it, and every check runs there: batches are built on the CPU (the same seeded
+numbers either way) and moved to DEVICE, where the kernel and the torch reference both run.
 """
 
 import numpy as np
@@ -13,8 +15,10 @@ from speclab.verify.backend import get_rejection_sampler
 from speclab.kernels import rejection_sample as kernel
 from speclab.stats import chi2_gof, min_detectable_tv, tv_distance
 from speclab.verify.rejection import rejection_sample as reference  # the standard rule's torch reference
+from tests.helpers import on_device
 
 BLOCK_V = 32
+DEVICE = "cpu" if kernel.interpreted() else "cuda"  # compiled kernels read GPU memory only
 
 
 def make_batch(seed, B, max_k, V, *, one_hot=False, placeholder_frac=0.0, dtype=torch.float32):
@@ -48,11 +52,13 @@ def greedy_flags(mode, B, seed):
 
 
 def assert_same(batch, greedy=False, block_v=BLOCK_V):
+    """The kernel and the reference on DEVICE, bit for bit; returns the tokens on the CPU."""
+    batch, greedy = on_device(batch, DEVICE), on_device(greedy, DEVICE)
     want = reference(**batch, greedy=greedy)
     got = kernel.rejection_sample_blocked(**batch, greedy=greedy, block_v=block_v)
-    assert got.dtype == torch.int64 and got.shape == want.shape
+    assert got.dtype == torch.int64 and got.shape == want.shape and got.device == want.device
     assert torch.equal(got, want), f"kernel\n{got}\n!= reference\n{want}"
-    return got
+    return got.cpu()
 
 
 def test_interpreter_smoke():
@@ -100,8 +106,8 @@ def test_matches_reference_on_ragged_batches(mode, one_hot, B):
 @pytest.mark.parametrize("B", [3, 17])
 def test_matches_reference_with_a_seeded_generator(B):
     """Uniforms and noise drawn inside: same draws, in the same order, as the reference."""
-    batch = make_batch(7, B, 5, 45)
-    del batch["uniforms"], batch["noise"]
+    batch = on_device(make_batch(7, B, 5, 45), DEVICE)
+    del batch["uniforms"], batch["noise"]  # drawn inside, from a CPU generator wherever the tensors are
     want = reference(**batch, generator=torch.Generator().manual_seed(3))
     got = kernel.rejection_sample_blocked(**batch, generator=torch.Generator().manual_seed(3), block_v=BLOCK_V)
     assert torch.equal(got, want)
@@ -111,6 +117,7 @@ def test_public_function_and_block_sizes_agree():
     batch = make_batch(11, 6, 4, 70)
     for block_v in (16, 64, 128):  # 128 > V: one tile
         assert_same(batch, block_v=block_v)
+    batch = on_device(batch, DEVICE)
     assert torch.equal(kernel.rejection_sample(**batch), reference(**batch))
 
 
@@ -189,7 +196,7 @@ def test_all_requests_without_drafts():
         assert out.shape == (9, 1)
     empty = dict(batch, num_draft_tokens=[], target_probs=batch["target_probs"][:0],
                  noise=batch["noise"][:0], draft_probs=batch["draft_probs"][:0])
-    assert kernel.rejection_sample_blocked(**empty).shape == (0, 1)
+    assert kernel.rejection_sample_blocked(**on_device(empty, DEVICE)).shape == (0, 1)
 
 
 def test_k_at_its_maximum_accepts_everything_when_q_is_p():
@@ -255,6 +262,16 @@ def test_backend_selection(monkeypatch):
     assert get_rejection_sampler("triton") is kernel.rejection_sample  # the interpreter or a GPU
     if not torch.cuda.is_available():
         assert get_rejection_sampler("auto") is reference
+        # on a machine with a GPU, auto picks by the tensors' device: the engine's CPU tensors take
+        # the reference (the compiled kernels cannot read them), CUDA tensors the kernel
+        calls = []
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(kernel, "RULES", dict(kernel.RULES, standard=lambda *a, **kw: calls.append(a)))
+        auto = get_rejection_sampler("auto")
+        assert auto.kernel is kernel.RULES["standard"] and auto.reference is reference
+        batch = make_batch(2, 4, 3, 30)
+        assert torch.equal(auto(**batch), reference(**batch)) and calls == []  # CPU tensors: never the kernel
+        monkeypatch.undo()
         monkeypatch.setattr(kernel, "interpreted", lambda: False)
         with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
             get_rejection_sampler("triton")
@@ -278,9 +295,9 @@ def test_first_token_follows_the_target_distribution():
     q = torch.tensor([[0.05, 0.40, 0.05, 0.30, 0.10, 0.10]])
     g = torch.Generator().manual_seed(0)
     drafts = torch.multinomial(q, N, replacement=True, generator=g).flatten()  # (N,) x ~ q_0
-    out = kernel.rejection_sample_blocked(drafts, [1] * N, p.repeat(N, 1), q.repeat(N, 1),
-                                          generator=g, block_v=8)
-    counts = np.bincount(out[:, 0].numpy(), minlength=V)
+    out = kernel.rejection_sample_blocked(drafts.to(DEVICE), [1] * N, p.repeat(N, 1).to(DEVICE),
+                                          q.repeat(N, 1).to(DEVICE), generator=g, block_v=8)
+    counts = np.bincount(out[:, 0].cpu().numpy(), minlength=V)
     assert min_detectable_tv(N, V) < 0.11 < tv_distance(p[0], q[0])
     assert chi2_gof(counts, p[0].numpy()) >= 1e-4, f"first tokens {counts} do not follow p_0 = {p[0].tolist()}"
     assert chi2_gof(counts, q[0].numpy()) < 1e-4  # negative control
@@ -295,4 +312,6 @@ def test_matches_reference_on_gpu(V):
         b = dict(batch, draft_probs=None) if one_hot else batch
         for greedy in (False, True, greedy_flags("mixed", 64, 0).cuda()):
             assert torch.equal(kernel.rejection_sample(**b, greedy=greedy), reference(**b, greedy=greedy))
-    assert get_rejection_sampler("auto") is kernel.rejection_sample
+    auto = get_rejection_sampler("auto")  # the kernel for CUDA tensors, the reference for CPU ones
+    assert auto.kernel is kernel.rejection_sample and auto.reference is reference
+    assert torch.equal(auto(**batch), kernel.rejection_sample(**batch))

@@ -424,7 +424,8 @@ def llama_pair(tmp_path_factory):
 def block_engine(target, draft, method="block", k=3, **kw):
     proposer = DraftModelProposer(load_llama(draft), k, num_kv_blocks=4096, block_size=4,
                                   sample_method="probabilistic")  # draft_probs: where block verification pays
-    knobs = {"num_kv_blocks": 2048, "block_size": 4, "max_num_seqs": 4096, "max_num_batched_tokens": 1 << 16, **kw}
+    knobs = {"num_kv_blocks": 2048, "block_size": 4, "max_num_seqs": 4096, "max_num_batched_tokens": 1 << 16,
+             "verifier": "torch", **kw}  # the torch rule, also on a machine with a GPU (the kernel: test_10_block_kernel)
     plumbed = "rejection_sample_method" in {f.name for f in fields(EngineConfig)}
     if plumbed:  # the engine's own path, from speculative_config["rejection_sample_method"]
         knobs["rejection_sample_method"] = method

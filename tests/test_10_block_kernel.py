@@ -3,7 +3,8 @@
 As in lesson 07's kernel tests: without a GPU the kernels run in Triton's CPU interpreter
 (conftest.py sets TRITON_INTERPRET=1), so batches and vocabularies stay small and a small BLOCK_V
 makes the multi-tile paths (the residual mass Z summed tile by tile, the running argmax of the
-race, the masked tail) run anyway. The torch rule itself is tested for its law in test_10_block.py.
+race, the masked tail) run anyway; with a GPU every check runs there (batches moved to DEVICE).
+The torch rule itself is tested for its law in test_10_block.py.
 """
 
 import pytest
@@ -13,8 +14,10 @@ from speclab.kernels import rejection_sample as kernel
 from speclab.verify import block
 from speclab.verify.backend import get_rejection_sampler
 from speclab.verify.rejection import rejection_sample as standard
+from tests.helpers import on_device
 
 BLOCK_V = 16
+DEVICE = "cpu" if kernel.interpreted() else "cuda"  # compiled kernels read GPU memory only
 
 
 def make_batch(seed, B, max_k, V, *, one_hot=False, placeholder_frac=0.0, dtype=torch.float32):
@@ -37,11 +40,13 @@ def make_batch(seed, B, max_k, V, *, one_hot=False, placeholder_frac=0.0, dtype=
 
 
 def assert_same(batch, greedy=False, block_v=BLOCK_V):
+    """The kernel and the torch rule on DEVICE, bit for bit; returns the tokens on the CPU."""
+    batch, greedy = on_device(batch, DEVICE), on_device(greedy, DEVICE)
     want = block.rejection_sample(**batch, greedy=greedy)
     got = kernel.rejection_sample_block(**batch, greedy=greedy, block_v=block_v)
-    assert got.dtype == torch.int64 and got.shape == want.shape
+    assert got.dtype == torch.int64 and got.shape == want.shape and got.device == want.device
     assert torch.equal(got, want), f"kernel\n{got}\n!= torch block rule\n{want}"
-    return got
+    return got.cpu()
 
 
 def greedy_flags(mode, B, seed):
@@ -63,7 +68,7 @@ def test_matches_the_torch_rule_on_ragged_batches(mode, one_hot, B):
         k = batch["num_draft_tokens"]
         assert bool((n < k).any()) and bool((n == k).any())
         if not one_hot:
-            standard = kernel.rejection_sample(**batch)
+            standard = kernel.rejection_sample(**on_device(batch, DEVICE)).cpu()
             assert bool(((standard[:, :-1] >= 0).sum(1) < n).any()), "block kept more drafts somewhere"
 
 
@@ -74,8 +79,8 @@ def test_float64_inputs():
 @pytest.mark.parametrize("B", [3, 17])
 def test_matches_with_a_seeded_generator(B):
     """Uniforms and noise drawn inside: the same draws, in the same order, as the torch rule."""
-    batch = make_batch(7, B, 5, 45)
-    del batch["uniforms"], batch["noise"]
+    batch = on_device(make_batch(7, B, 5, 45), DEVICE)
+    del batch["uniforms"], batch["noise"]  # drawn inside, from a CPU generator wherever the tensors are
     want = block.rejection_sample(**batch, generator=torch.Generator().manual_seed(3))
     got = kernel.rejection_sample_block(**batch, generator=torch.Generator().manual_seed(3), block_v=BLOCK_V)
     assert torch.equal(got, want)
@@ -111,7 +116,7 @@ def test_registered_for_the_backend():
 
 def test_the_standard_kernel_is_unchanged_by_the_block_kernel():
     """The standard rule's kernels still answer for "standard" (a different rule: they differ somewhere)."""
-    batch = make_batch(9, 24, 8, 41)
+    batch = on_device(make_batch(9, 24, 8, 41), DEVICE)
     assert torch.equal(kernel.RULES["standard"](**batch), standard(**batch))
     assert not torch.equal(kernel.RULES["standard"](**batch), kernel.rejection_sample_block(**batch))
 

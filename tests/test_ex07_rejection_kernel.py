@@ -14,13 +14,15 @@ import torch
 import triton
 import triton.language as tl
 
-from speclab.kernels.rejection_sample import launch_end_tokens, launch_greedy, prepare_batch
+from speclab.kernels.rejection_sample import interpreted, launch_end_tokens, launch_greedy, prepare_batch
 from speclab.verify import rejection_sample
-from tests.helpers import fail_on
+from tests.helpers import fail_on, on_device
 
 EXERCISE = "ex07_rejection_kernel"
 
 pytestmark = pytest.mark.exercise
+
+DEVICE = "cpu" if interpreted() else "cuda"  # compiled kernels (on a GPU) read GPU memory only
 
 
 def ragged_batch(seed, B, max_k, V, *, one_hot=False, placeholder_frac=0.0):
@@ -39,8 +41,9 @@ def ragged_batch(seed, B, max_k, V, *, one_hot=False, placeholder_frac=0.0):
 
 
 def run(kernel, batch, greedy=False, **extra):
-    """Lesson 07's pipeline with `kernel` as the accept walk, launched with vLLM's inclusive offsets."""
-    b = prepare_batch(**batch, greedy=greedy)
+    """Lesson 07's pipeline with `kernel` as the accept walk, launched with vLLM's inclusive offsets
+    (on DEVICE; the outputs come back to the CPU)."""
+    b = prepare_batch(**on_device(batch, DEVICE), greedy=on_device(greedy, DEVICE))
     launch_greedy(b, block_v=32)
     q = b.draft_probs if b.draft_probs is not None else b.target_probs  # a dummy when one-hot
     cu_num_draft_tokens = torch.cumsum(b.k, 0).contiguous()  # inclusive, as vLLM's SpecDecodeMetadata
@@ -49,6 +52,7 @@ def run(kernel, batch, greedy=False, **extra):
         b.target_probs, b.target_probs.stride(0), b.target_probs.stride(1),
         q, q.stride(0), q.stride(1), b.uniforms, NO_DRAFT_PROBS=b.draft_probs is None, num_warps=1, **extra)
     launch_end_tokens(b, block_v=32)  # writes the recovered or bonus token at column n
+    b.out, b.num_accepted = b.out.cpu(), b.num_accepted.cpu()
     return b
 
 
@@ -178,7 +182,7 @@ def mutant_kernel(out_ptr, stride_out, num_accepted_ptr, draft_ptr, cu_num_draft
             else:
                 q = tl.load(draft_probs_ptr + (start + i) * stride_draft + x * stride_draft_v, mask=real, other=0.0)
             u = tl.load(uniforms_ptr + start + i, mask=inside, other=0.5)
-            ratio = tl.fdiv(p, tl.where(q > 0, q, 1.0), ieee_rounding=True)
+            ratio = tl.math.div_rn(p, tl.where(q > 0, q, 1.0))
             ok = (ratio >= u.to(tl.float32)) if BUG == 2 else (ratio.to(tl.float64) >= u)
             guard = real if BUG == 4 else real & (q > 0)
             if guard & ok:

@@ -5,13 +5,16 @@ a kernel module may implement some rules too (`speclab.kernels.rejection_sample.
 same uniforms and noise, both return the same tokens. The engine asks `get_rejection_sampler()`
 once and calls the result.
 
-    SPECLAB_VERIFIER=auto    Triton on a CUDA GPU when triton imports and implements the rule,
-                             torch otherwise (default)
+    SPECLAB_VERIFIER=auto    Triton for probabilities on a CUDA GPU when triton imports and
+                             implements the rule, torch otherwise (default). speclab's engine runs
+                             on the CPU, so on a machine with a GPU its CPU tensors still take
+                             the torch reference: the choice is made per call, by the tensors' device
     SPECLAB_VERIFIER=torch   the torch reference, speclab.verify.RULES[method]
     SPECLAB_VERIFIER=triton  the kernel; without a GPU only under Triton's interpreter
                              (TRITON_INTERPRET=1, slow: for tests)
 """
 
+import functools
 import os
 
 import torch
@@ -42,6 +45,8 @@ def get_rejection_sampler(backend: str | None = None, method: str = "standard"):
     kernels = _kernels(name)
     if kernels is None or (name == "auto" and method not in kernels.RULES):
         return reference
+    if name == "auto":
+        return _by_device(kernels.RULES[method], reference)
     if method not in kernels.RULES:
         raise RuntimeError(f"SPECLAB_VERIFIER=triton but the Triton kernels implement {sorted(kernels.RULES)}, "
                            f"not rejection_sample_method {method!r}: use SPECLAB_VERIFIER=torch")
@@ -50,6 +55,17 @@ def get_rejection_sampler(backend: str | None = None, method: str = "standard"):
                            "before starting Python to run the kernels in Triton's CPU interpreter (slow), "
                            "or use SPECLAB_VERIFIER=torch")
     return kernels.RULES[method]
+
+
+def _by_device(kernel, reference):
+    """`auto` on a CUDA machine: the kernel for CUDA tensors, the reference for CPU ones (the compiled
+    kernels cannot read host memory). The two return the same tokens, so the choice is invisible."""
+    @functools.wraps(kernel)
+    def verify(draft_token_ids, num_draft_tokens, target_probs, *args, **kwargs):
+        fn = kernel if torch.is_tensor(target_probs) and target_probs.is_cuda else reference
+        return fn(draft_token_ids, num_draft_tokens, target_probs, *args, **kwargs)
+    verify.kernel, verify.reference = kernel, reference
+    return verify
 
 
 def _kernels(name: str):

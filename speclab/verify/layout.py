@@ -18,16 +18,22 @@ PLACEHOLDER_TOKEN_ID = -1
 
 
 
+def _draw_device(generator, device):
+    """Where to draw: on the generator's device when there is one (a CPU generator then gives the
+    same numbers for CUDA tensors as for CPU ones), else on the tensors' device."""
+    return generator.device if generator is not None else device
+
+
 def draw_uniforms(n: int, generator, device) -> torch.Tensor:
     """(n,) float64 uniforms in (0, 1): float32 rand can return exactly 0, which would accept p = 0."""
-    u = torch.rand(n, dtype=torch.float64, generator=generator, device=device)
-    return u.clamp(min=torch.finfo(torch.float64).tiny)
+    u = torch.rand(n, dtype=torch.float64, generator=generator, device=_draw_device(generator, device))
+    return u.clamp(min=torch.finfo(torch.float64).tiny).to(device)
 
 
 def draw_noise(B: int, V: int, generator, device) -> torch.Tensor:
     """(B, V) float32 Exp(1) noise, strictly positive."""
-    e = torch.empty(B, V, dtype=torch.float32, device=device).exponential_(generator=generator)
-    return e.clamp(min=torch.finfo(torch.float32).tiny)
+    e = torch.empty(B, V, dtype=torch.float32, device=_draw_device(generator, device)).exponential_(generator=generator)
+    return e.clamp(min=torch.finfo(torch.float32).tiny).to(device)
 
 
 def check_or_draw_uniforms(uniforms, T, generator, device):
