@@ -66,8 +66,8 @@ DEFAULT_BLOCK_V = 2048  # vocabulary tile: 2048 float32 = 8 KiB per row per load
 def _div_rn(x, y):
     """x / y rounded to nearest (IEEE), as torch divides. A GPU's float32 `/` compiles to a faster
     division that can be off in the last bit; tl.math.div_rn asks for the exact one. (tl.fdiv(x, y,
-    ieee_rounding=True) does too on recent Triton, but older versions drop the flag: on an H200 with
-    Triton 3.6 it accepted a draft that torch rejects.) Float64 division is always IEEE."""
+    ieee_rounding=True) does too with Triton 3.9, but with 3.6 on an H200 it accepted a draft that
+    torch rejects: the flag had no effect there.) Float64 division is IEEE either way."""
     if x.dtype == tl.float32:
         if y.dtype == tl.float32:
             return tl.math.div_rn(x, y)
