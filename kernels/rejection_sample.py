@@ -36,6 +36,8 @@ if __name__ == "__main__" and not torch.cuda.is_available():
 
 import triton
 import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 
 from speclab.verify.layout import PLACEHOLDER_TOKEN_ID, check_batch, check_or_draw_noise, check_or_draw_uniforms
 from speclab.timing import timed
@@ -490,6 +492,48 @@ def _check_device(target_probs):
         raise RuntimeError(f"the Triton verifier got tensors on {target_probs.device} but compiles for a GPU: "
                            f"move them to CUDA, or set TRITON_INTERPRET=1 before importing triton to run "
                            f"the kernels in Triton's CPU interpreter (slow)")
+
+
+# ----------------------------------------------------------------------------------------------
+# Compiling for a GPU without one: what the interpreter cannot check
+#
+# The interpreter runs each program in Python, so it never type-checks a branch or a loop-carried
+# value: a block kernel whose `tau` was int32 before a loop and int64 inside it passed every test here
+# and did not compile on the first real GPU. Triton can compile for a named GPU on any machine (its
+# front end, LLVM and the ptxas it ships), which tests/test_07_kernel_compiles.py does on the CPU.
+
+# (kernel, its constexpr variants): every branch a launch can take
+_VARIANTS = (
+    ("_greedy_kernel", [{"BLOCK_V": 2048}]),
+    ("_accept_kernel", [{"NO_DRAFT_PROBS": False}, {"NO_DRAFT_PROBS": True}]),
+    ("_end_token_kernel", [{"NO_DRAFT_PROBS": False, "BLOCK_V": 2048}, {"NO_DRAFT_PROBS": True, "BLOCK_V": 2048}]),
+    ("_block_kernel", [{"NO_DRAFT_PROBS": False, "BLOCK_V": 2048}, {"NO_DRAFT_PROBS": True, "BLOCK_V": 2048}]),
+)
+_POINTERS = {"out_ptr": "*i64", "num_accepted_ptr": "*i64", "draft_ptr": "*i64", "cu_ptr": "*i64", "k_ptr": "*i64",
+             "is_greedy_ptr": "*i1", "uniforms_ptr": "*fp64"}  # the other pointers: probabilities and noise
+
+
+def compile_for_gpu(dtype: str = "fp32", capability: int = 90) -> dict[str, str]:
+    """Compile every kernel variant, for probabilities and noise of `dtype` ("fp32" or "fp64"), for
+    CUDA compute capability `capability` (90: Hopper) with no GPU present; returns {"<kernel>
+    <constexprs>": PTX}. Needs the kernels compiled, not interpreted: run it in a process without
+    TRITON_INTERPRET=1. Raises triton's CompilationError on a type error."""
+    if interpreted():
+        raise RuntimeError("compile_for_gpu needs a process without TRITON_INTERPRET=1 (the kernels are interpreted)")
+    out = {}
+    for name, variants in _VARIANTS:
+        fn = globals()[name]
+        for constexprs in variants:
+            if "RACE_DTYPE" in fn.arg_names:
+                constexprs = dict(constexprs, RACE_DTYPE=tl.float32 if dtype == "fp32" else tl.float64)
+            signature = {arg: "constexpr" if arg in constexprs else
+                         _POINTERS.get(arg, "*" + dtype) if arg.endswith("_ptr") else "i32"
+                         for arg in fn.arg_names}
+            options = {"enable_fp_fusion": False} if name == "_block_kernel" else {}  # as launch_block
+            compiled = triton.compile(ASTSource(fn, signature, constexprs=constexprs),
+                                      target=GPUTarget("cuda", capability, 32), options=options)
+            out[f"{name} {constexprs}"] = compiled.asm["ptx"]
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
