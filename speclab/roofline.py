@@ -8,13 +8,17 @@ weight_bytes / bandwidth seconds (Williams, Waterman & Patterson, "Roofline", 20
     fraction of the roofline = weight_bytes_per_token * tokens_per_second / bandwidth
 
 with the bandwidth measured on the same machine, in the same run, with the same torch threads,
-by the simplest large read torch does: summing an array much larger than the last-level cache.
+by the simplest large read torch does: summing an array much larger than the last-level cache,
+held in the same kind of memory as the weights (huge pages where `speclab.models.huge_pages` puts
+them there: on 2026-12-04's Zen 4 the sum read 33-34 GB/s from huge pages against 23-25 from
+torch's ordinary allocation, so a roofline against the latter would flatter every figure).
 Used by `python -m speclab.bench roofline` and lesson 00. (The KV cache read is left out: at a few
 hundred tokens of context it is about 1% of the weights of SmolLM2-135M.)
 """
 
 import torch
 
+from speclab.models import huge_pages
 from speclab.models.llama import LlamaForCausalLM
 from speclab.timing import median_seconds
 
@@ -26,7 +30,9 @@ def read_bandwidth(nbytes: int = 512 * 2**20, repeat: int = 7) -> float:
         nbytes: the array's size; keep it far above the last-level cache (tens of MB on a CPU).
         repeat: timed sums; the median is returned (the machine may be shared).
     """
-    x = torch.ones(nbytes // 4, dtype=torch.float32)
+    x = huge_pages.allocate(nbytes // 4 * 4).view(torch.float32) if huge_pages.enabled() else \
+        torch.empty(nbytes // 4, dtype=torch.float32)
+    x.fill_(1.0)
     return x.numel() * 4 / median_seconds(x.sum, repeat=repeat, warmup=1)  # warm-up: pages touched, code loaded
 
 

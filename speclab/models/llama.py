@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from speclab.models import cpu_attention, cpu_elementwise, cpu_gemm
+from speclab.models import cpu_attention, cpu_elementwise, cpu_gemm, huge_pages
 from speclab.models.packed_linear import PackedLinear
 
 
@@ -251,10 +251,10 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, Hkv * Dh, bias=False)
         self.o_proj = nn.Linear(H * Dh, cfg.hidden_size, bias=False)
 
-    def prepare(self) -> None:
+    def prepare(self, arena=None) -> None:
         """One (H + 2 Hkv) Dh x D projection for q, k and v: one weight read instead of three."""
-        self.qkv = PackedLinear(fuse(self.q_proj, self.k_proj, self.v_proj))
-        self.o = PackedLinear(fuse(self.o_proj))
+        self.qkv = PackedLinear(fuse(self.q_proj, self.k_proj, self.v_proj, arena=arena))
+        self.o = PackedLinear(fuse(self.o_proj, arena=arena))
 
     def forward(self, x, meta: AttentionMetadata, k_cache, v_cache):
         """x: (N, D); k_cache, v_cache: (num_blocks, block_size, Hkv, Dh), written in place."""
@@ -285,10 +285,10 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def prepare(self) -> None:
+    def prepare(self, arena=None) -> None:
         """One 2I x D projection for gate and up."""
-        self.gate_up = PackedLinear(fuse(self.gate_proj, self.up_proj))
-        self.down = PackedLinear(fuse(self.down_proj))
+        self.gate_up = PackedLinear(fuse(self.gate_proj, self.up_proj, arena=arena))
+        self.down = PackedLinear(fuse(self.down_proj, arena=arena))
 
     def forward(self, x):
         if torch.is_grad_enabled() or "gate_up" not in self.__dict__:
@@ -302,7 +302,7 @@ class MLP(nn.Module):
         return self.down(F.silu(gate) * up)  # SwiGLU
 
 
-def fuse(*modules: nn.Module) -> torch.Tensor:
+def fuse(*modules: nn.Module, arena: huge_pages.Arena | None = None) -> torch.Tensor:
     """The weights of `modules` (Linear or Embedding, each (out, in)) concatenated along the output
     dimension. Float32 on a CPU keeps (out, in) rows where speclab's few-row kernel is built
     (speclab.models.cpu_gemm reads rows); without it, it is stored transposed, (in, sum of outs)
@@ -310,10 +310,18 @@ def fuse(*modules: nn.Module) -> torch.Tensor:
     Returns the (sum of outs, in) tensor or view; each module's weight becomes a view into it, so
     the model holds one copy and a state dict still loads into it. (Other dtypes keep (out, in): their one-row product gains nothing
     from it, and in bfloat16 the transposed layout made a row's logits differ between a one-row and
-    a many-row forward, enough to change greedy output with speculation: tests/test_10_smollm2_spec.)"""
-    fused = torch.cat([m.weight.detach() for m in modules])  # (sum of outs, in)
-    if fused.dtype == torch.float32 and fused.device.type == "cpu" and not cpu_gemm.available():
-        fused = fused.t().contiguous().t()  # the same values, (in, sum of outs) in memory
+    a many-row forward, enough to change greedy output with speculation: tests/test_10_smollm2_spec.)
+    With an `arena` the fused weight is placed in it (huge pages: speclab.models.huge_pages)."""
+    weights = [m.weight.detach() for m in modules]
+    transpose = weights[0].dtype == torch.float32 and weights[0].device.type == "cpu" and not cpu_gemm.available()
+    if arena is not None and len(weights) == 1 and not transpose:
+        fused = arena.place(weights[0])  # one copy, no intermediate (the output head is 113 MB in float32)
+    else:
+        fused = torch.cat(weights)  # (sum of outs, in)
+        if transpose:
+            fused = fused.t().contiguous().t()  # the same values, (in, sum of outs) in memory
+        if arena is not None:
+            fused = arena.place(fused)
     start = 0
     for m in modules:
         rows = m.weight.shape[0]
@@ -360,16 +368,25 @@ class LlamaForCausalLM(nn.Module):
         """Fuse the q/k/v and gate/up projections, store every projection transposed and pack it for
         the CPU's GEMM library (speclab.models.packed_linear). Runs before the first forward, and
         again after the weights were moved or converted (`.to()`); an in-place change repacks the
-        weight it touched."""
+        weight it touched. On a CPU every fused weight goes into one huge-page arena (speclab.models.
+        huge_pages: a decode step's stream of weights reads faster from 2 MB pages)."""
+        table = self.lm_head if self.lm_head.weight is not self.model.embed_tokens.weight else self.model.embed_tokens
+        weights = [m.weight for layer in self.model.layers for m in (*layer.self_attn.children(), *layer.mlp.children())
+                   if isinstance(m, nn.Linear)] + [table.weight]
+        arena = huge_pages.arena_for(weights) if table.weight.device.type == "cpu" else None
         for layer in self.model.layers:
-            layer.self_attn.prepare()
-            layer.mlp.prepare()
-        if self.lm_head.weight is self.model.embed_tokens.weight:  # tied: one (transposed) table for both
-            fuse(self.model.embed_tokens)
+            layer.self_attn.prepare(arena)
+            layer.mlp.prepare(arena)
+            if arena is not None:  # the layer's weights just left the heap: its pages go back now, so
+                huge_pages.release_freed_heap()  # that the arena and the old weights never add up
+        if table is self.model.embed_tokens:  # tied: one (transposed) table for both
+            fuse(self.model.embed_tokens, arena=arena)
             self.lm_head.weight = self.model.embed_tokens.weight
         else:
-            fuse(self.lm_head)
+            fuse(self.lm_head, arena=arena)
         self.head = PackedLinear(self.lm_head.weight)
+        if arena is not None:
+            huge_pages.release_freed_heap()
         self._prepared = True
 
     def _apply(self, fn, recurse=True):  # .to(), .float(), ... give new tensors: fuse and pack again
