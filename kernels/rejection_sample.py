@@ -28,11 +28,13 @@ import dataclasses
 import json
 import os
 import platform
+import re
+import sys
 
 import torch
 
-if __name__ == "__main__" and not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit below is defined
+if __name__ == "__main__" and not torch.cuda.is_available() and "--ptx" not in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit below is defined (--ptx compiles)
 
 import triton
 import triton.language as tl
@@ -513,10 +515,40 @@ _POINTERS = {"out_ptr": "*i64", "num_accepted_ptr": "*i64", "draft_ptr": "*i64",
              "is_greedy_ptr": "*i1", "uniforms_ptr": "*fp64"}  # the other pointers: probabilities and noise
 
 
+@triton.jit
+def _plain_division(x_ptr, y_ptr, out_ptr):
+    """For comparison only (`--ptx`, lesson 07): what a float32 `/` compiles to on a GPU."""
+    tl.store(out_ptr, tl.load(x_ptr) / tl.load(y_ptr))
+
+
+def ptx_instructions(ptx: str) -> dict[str, int]:
+    """The division and fused multiply-add instructions a PTX listing uses, with their counts."""
+    found = re.findall(r"^\s*(?:@%p\d+\s+)?((?:div|fma)\.[\w.]+)", ptx, flags=re.M)
+    return {name: found.count(name) for name in sorted(set(found))}
+
+
+def plain_division_ptx(capability: int = 90) -> str:
+    signature = {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32"}
+    return triton.compile(ASTSource(_plain_division, signature), target=GPUTarget("cuda", capability, 32)).asm["ptx"]
+
+
+def print_ptx_report(capability: int = 90) -> None:
+    """`--ptx`: compile every kernel for a GPU of compute capability `capability` (none needed) and
+    print the divisions and FMAs each uses, beside what a plain `/` gives."""
+    print(f"Compiled for CUDA compute capability {capability // 10}.{capability % 10} (no GPU needed): "
+          f"divisions and fused multiply-adds in the PTX")
+    for dtype in ("fp32", "fp64"):
+        for name, ptx in compile_for_gpu(dtype, capability).items():
+            used = ptx_instructions(ptx)
+            print(f"  {dtype}  {name:<62} {', '.join(f'{op} x{n}' for op, n in used.items()) or '-'}")
+    used = ptx_instructions(plain_division_ptx(capability))
+    print(f"  a float32 `/` for comparison: {', '.join(used)} (the fast division, off by up to 2 ulp)")
+
+
 def compile_for_gpu(dtype: str = "fp32", capability: int = 90) -> dict[str, str]:
     """Compile every kernel variant, for probabilities and noise of `dtype` ("fp32" or "fp64"), for
-    CUDA compute capability `capability` (90: Hopper) with no GPU present; returns {"<kernel>
-    <constexprs>": PTX}. Needs the kernels compiled, not interpreted: run it in a process without
+    CUDA compute capability `capability` (90: Hopper) with no GPU present; returns
+    {"<kernel>(<constexprs>)": PTX}. Needs the kernels compiled, not interpreted: run it in a process without
     TRITON_INTERPRET=1. Raises triton's CompilationError on a type error."""
     if interpreted():
         raise RuntimeError("compile_for_gpu needs a process without TRITON_INTERPRET=1 (the kernels are interpreted)")
@@ -532,7 +564,8 @@ def compile_for_gpu(dtype: str = "fp32", capability: int = 90) -> dict[str, str]
             options = {"enable_fp_fusion": False} if name == "_block_kernel" else {}  # as launch_block
             compiled = triton.compile(ASTSource(fn, signature, constexprs=constexprs),
                                       target=GPUTarget("cuda", capability, 32), options=options)
-            out[f"{name} {constexprs}"] = compiled.asm["ptx"]
+            shown = ", ".join(f"{k}={v.name if isinstance(v, tl.dtype) else v}" for k, v in constexprs.items())
+            out[f"{name}({shown})"] = compiled.asm["ptx"]
     return out
 
 
@@ -638,7 +671,14 @@ def _bench_interpreter():
 def main(argv=None):
     parser = argparse.ArgumentParser(description="lesson 07's Triton verification kernels against the torch rules")
     parser.add_argument("--json", metavar="PATH", help="also write the GPU table as JSON")
+    parser.add_argument("--ptx", action="store_true", help="compile the kernels for a GPU (none needed: run "
+                        "without TRITON_INTERPRET=1) and print the instructions they divide with, instead")
     args = parser.parse_args(argv)
+    if args.ptx:
+        if interpreted():
+            raise SystemExit("--ptx compiles the kernels: run it without TRITON_INTERPRET=1")
+        print_ptx_report()
+        return
     if torch.cuda.is_available() and not interpreted():
         _bench_gpu(args.json)
     elif interpreted():

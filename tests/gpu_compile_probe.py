@@ -9,7 +9,6 @@ compiled with FMA fusion on). {"skip": reason} where Triton has no CUDA backend 
 
 import json
 import os
-import re
 import sys
 
 if os.environ.get("TRITON_INTERPRET"):
@@ -17,17 +16,11 @@ if os.environ.get("TRITON_INTERPRET"):
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+from triton.compiler.errors import CompilationError  # noqa: E402
 
-
-def _instructions(ptx: str) -> dict:
-    """The division and fused multiply-add instructions a PTX listing uses, with counts."""
-    found = re.findall(r"^\s*(?:@%p\d+\s+)?((?:div|fma)\.[\w.]+)", ptx, flags=re.M)
-    return {name: found.count(name) for name in sorted(set(found))}
-
-
-@triton.jit
-def _plain_division(x_ptr, y_ptr, out_ptr):  # control: float32 `/` is not the IEEE division on a GPU
-    tl.store(out_ptr, tl.load(x_ptr) / tl.load(y_ptr))
+from speclab.kernels import rejection_sample as kernels  # noqa: E402
 
 
 @triton.jit
@@ -41,22 +34,16 @@ def _type_change(k_ptr, out_ptr):  # control: tau int32 before the loop, int64 i
 
 
 def main():
+    target = GPUTarget("cuda", 90, 32)
     try:
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-        from triton.compiler.errors import CompilationError
-        target = GPUTarget("cuda", 90, 32)
-        triton.compile(ASTSource(_plain_division, {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32"}),
-                       target=target)
+        plain = kernels.plain_division_ptx()
     except Exception as err:  # noqa: BLE001 - no CUDA backend or ptxas: nothing to check here
         print(json.dumps({"skip": f"Triton cannot compile for a CUDA GPU here ({type(err).__name__}: {err})"}))
         return
-    from speclab.kernels import rejection_sample as kernels
-    out = {"kernels": {dtype: {name: _instructions(ptx) for name, ptx in kernels.compile_for_gpu(dtype).items()}
+    ins = kernels.ptx_instructions
+    out = {"kernels": {dtype: {name: ins(ptx) for name, ptx in kernels.compile_for_gpu(dtype).items()}
                        for dtype in ("fp32", "fp64")}}
-    plain = triton.compile(ASTSource(_plain_division, {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32"}),
-                           target=target)
-    out["plain_division"] = _instructions(plain.asm["ptx"])
+    out["plain_division"] = ins(plain)
     try:
         triton.compile(ASTSource(_type_change, {"k_ptr": "*i64", "out_ptr": "*i64"}), target=target)
         out["type_change"] = "compiled"
@@ -67,7 +54,7 @@ def main():
                  for arg in kernels._block_kernel.arg_names}
     fused = triton.compile(ASTSource(kernels._block_kernel, signature, {"NO_DRAFT_PROBS": False, "BLOCK_V": 2048}),
                            target=target, options={"enable_fp_fusion": True})
-    out["block_kernel_with_fusion"] = _instructions(fused.asm["ptx"])
+    out["block_kernel_with_fusion"] = ins(fused.asm["ptx"])
     print(json.dumps(out))
 
 
