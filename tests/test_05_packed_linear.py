@@ -4,11 +4,9 @@ function as the plain weights, kept in step with them when they change or move."
 import pytest
 import torch
 
-from speclab.engine.batch import flatten
-from speclab.kv_cache import KVCacheManager
 from speclab.models.llama import LlamaForCausalLM, load_llama
 from speclab.models.packed_linear import PackedLinear, packing_enabled
-from tests.helpers import tiny_llama
+from tests.helpers import short_forward_logits as logits, tiny_llama
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -25,13 +23,6 @@ def test_packing_can_be_switched_off(monkeypatch):
     monkeypatch.setenv("SPECLAB_PACKED_LINEAR", "0")
     w = torch.randn(8, 4)
     assert not packing_enabled(w) and not PackedLinear(w).is_packed
-
-
-def logits(model, ids=(1, 2, 3, 4, 5)):
-    kv = KVCacheManager(4, 4)
-    kv.allocate("r", 0, len(ids))
-    hidden, _ = model(*flatten(kv, [("r", list(ids), 0)]), model.allocate_kv_cache(4, 4))
-    return model.compute_logits(hidden)
 
 
 @pytest.fixture(scope="module")
