@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from speclab.models import cpu_gemm
 from speclab.models.hub import model_directory
 from speclab.models.llama import LlamaConfig
+from speclab.models.packed_linear import packing_enabled
 from speclab.timing import machine_info
 
 
@@ -47,7 +48,13 @@ def paths(dtype: torch.dtype) -> dict:
         return {"kernel": (lambda w: w, cpu_gemm.xwt), "F.linear": plain, "oneDNN packed": packed}
     kernels = {f"kernel {name}": (lambda w: w, lambda x, w, name=name: cpu_gemm.xwt(x, w, name))
                for name in bf16_kernel_paths()}
-    return {**kernels, "F.linear": plain, "oneDNN packed": packed}
+    return {**kernels, "F.linear": plain, **({"oneDNN packed": packed} if bf16_packing() else {})}
+
+
+def bf16_packing() -> bool:
+    """Whether oneDNN packs bfloat16 weights here (it needs AVX512-BW/VL/DQ or AVX-NE-CONVERT: not on an
+    AVX2 Zen 3, where `PackedLinear` keeps bfloat16 on `F.linear` for the same reason)."""
+    return packing_enabled(torch.zeros(16, 16, dtype=torch.bfloat16))
 
 
 def bf16_kernel_paths() -> list[str]:
@@ -99,7 +106,8 @@ def main(argv=None) -> None:
     bf16 = {m: cpu_gemm.bf16_path(m, *shapes[0]) for m in args.rows}
     print(f"gemm: {args.target}'s {len(shapes)} products of one forward, weights streamed; {args.rounds} interleaved "
           f"rounds, medians; {info['cpu']}, torch {info['torch']}, 1 thread; load average {info['load_average']}\n"
-          f"kernel best (bfloat16) is, by rows: " + ", ".join(f"{m}: {p}" for m, p in bf16.items()))
+          f"kernel best (bfloat16) is, by rows: " + ", ".join(f"{m}: {p}" for m, p in bf16.items())
+          + ("" if bf16_packing() else "\noneDNN does not pack bfloat16 on this CPU: no 'oneDNN packed' bfloat16 row"))
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
         got = measure(shapes, dtype, args.rows, args.rounds)
