@@ -86,3 +86,23 @@ def test_prefill_time_counts_the_target_s_forwards_over_more_than_a_step_s_token
     for n in (120, 1, 5, 3, 40):
         model.forward(torch.zeros(n))
     assert 0.04 <= acc["seconds"] < 0.2, acc  # the two prompts' 20 ms each, none of the steps' 200 ms
+
+
+def test_several_ks_share_one_plain_row_and_the_best_row_is_the_fastest_of_its_method():
+    """`--k 2 4` measures one plain row and each k's speculative rows in the same rounds; the best
+    configuration of a method is its fastest row over k, trees and draft vocabularies, per set and T."""
+    from speclab.bench.heads import best_rows, rows_for, rows_for_ks
+
+    rows = rows_for_ks(False, [2, 4], 0.0, "draft")
+    assert [r.method for r in rows].count("none") == 1 and rows[0].method == "none"
+    assert len(rows) == len(rows_for(False, 2, 0.0, "draft")) + len(rows_for(False, 4, 0.0, "draft")) - 1
+    assert {r.k for r in rows if r.spec} == {2, 4}
+
+    def row(method, k, speedup, tree=None, s="code"):
+        return {"set": s, "temperature": 0.0, "method": method, "k": k, "tree": tree, "draft_vocab_size": None,
+                "speedup": speedup, "speedup_range": [speedup, speedup], "decode_speedup": speedup,
+                "mean_acceptance_length": 1.5, "identical": True}
+    table = [row("none", 0, 1.0), row("eagle", 2, 1.1), row("eagle", 4, 1.3, "[(0,), (1,)]"), row("eagle", 4, 0.9),
+             row("draft_model", 2, 0.8), row("draft_model", 4, 0.7), row("eagle", 2, 0.95, s="prose")]
+    best = {(b["set"], b["method"]): (b["k"], b["speedup"]) for b in best_rows(table)}
+    assert best == {("code", "eagle"): (4, 1.3), ("code", "draft_model"): (2, 0.8), ("prose", "eagle"): (2, 0.95)}

@@ -318,7 +318,9 @@ def main(argv=None) -> None:
                     help="spec rows to run (default: all; 'none' is the plain baseline the speedups need)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds per row in decode and heads (default 3)")
-    ap.add_argument("--k", type=int, default=4, help="drafts per step, a tree's nodes (heads)")
+    ap.add_argument("--k", type=int, nargs="+", default=[4],
+                    help="drafts per step, a tree's nodes (heads); several values run side by side, and the best "
+                         "configuration of each method is printed and written")
     ap.add_argument("--json", default=None, help="heads: write the rows as JSON to this path")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -1,4 +1,4 @@
-"""`python -m speclab.bench heads [--json PATH]`: every proposer side by side at batch 1 (lessons 08, 10).
+"""`python -m speclab.bench heads [--k 2 4 8] [--json PATH]`: every proposer side by side at batch 1 (lessons 08, 10).
 
 For each prompt set and temperature: plain decoding, n-gram, the draft model (`draft`, or
 `smollm2-draft` for SmolLM2, which also runs over the 8192 tokens the target writes most:
@@ -20,7 +20,9 @@ tokens than it can keep), mean acceptance length tau (1 + accepted / drafts), th
 (the proposer's time per drafted token over the plain row's time per token) and, at T = 0,
 whether the output equals plain greedy decoding token for token (in the run's dtype, the first of
 `--dtypes`: float32 unless told; in bfloat16 greedy output is compared with bfloat16 plain decoding).
-Batch 1: compare rows of one run.
+Batch 1: compare rows of one run. With several `--k`, one plain row and every k's rows share the
+rounds, and the fastest configuration of each method (over k, trees and draft vocabularies) per set
+and temperature is printed and written as `best` (a maximum over noisy rows leans high: its range is beside it).
 
 Every row generates the same number of tokens: greedy chats stop at the model's EOS, where all
 rows stop alike (their outputs are identical); sampled ones (T > 0) go on to --max-tokens
@@ -98,6 +100,12 @@ def rows_for(real: bool, k: int, temperature: float, draft: str, methods=None) -
         "method": "eagle", "num_speculative_tokens": k, "speculative_num_steps": steps, "speculative_eagle_topk": topk,
         "speculative_num_draft_tokens": k + 1}))
     return [r for r in rows if methods is None or r.method in methods]
+
+
+def rows_for_ks(real: bool, ks: list[int], temperature: float, draft: str, methods=None) -> list[Row]:
+    """One plain row, then every k's speculative rows (`rows_for`), all measured in the same rounds."""
+    return [r for i, k in enumerate(ks) for r in rows_for(real, k, temperature, draft, methods)
+            if i == 0 or r.spec is not None]
 
 
 def time_proposer(llm) -> dict:
@@ -187,39 +195,68 @@ def counters(st) -> tuple:
 
 def bench_heads(args) -> None:
     real = args.target == "smollm2"
-    k = args.k
+    ks = sorted(set(args.k if isinstance(args.k, list) else [args.k]))
     sets = tuple(args.sets or (("edit", "codegen", "qa", "chat") if real else ("code", "prose")))
     prompt_sets = {kind: (load_chat_prompts(kind) if real else load_prompts(kind))[:args.num_prompts] for kind in sets}
     info = machine_info()
     dtype = args.dtypes[0]
-    print(f"{args.target} in {dtype}: batch 1, k = {k} (a tree: {k} nodes), {args.max_tokens} new tokens, {args.num_prompts} "
-          f"prompts per set, {args.repeats} interleaved rounds; {info['cpu']}, {info['cores']} cores, torch "
-          f"{info['torch']} with {info['threads']} thread(s); load average {info['load_average']}")
+    print(f"{args.target} in {dtype}: batch 1, k = {' '.join(map(str, ks))} (a tree: k nodes), {args.max_tokens} new "
+          f"tokens, {args.num_prompts} prompts per set, {args.repeats} interleaved rounds; {info['cpu']}, {info['cores']} "
+          f"cores, torch {info['torch']} with {info['threads']} thread(s); load average {info['load_average']}")
     table = []
     with shared_weights():
         plain = LLM(args.target, max_num_seqs=4, kv_cache_gb=0.25, dtype=dtype)
-        v_k = forward_seconds(plain.model, tokens=k + 1) / forward_seconds(plain.model)
-        print(f"a {k + 1}-token target forward costs v_k = {v_k:.2f} decode steps (pred = tau / (v_k + k c))")
+        v = {k: forward_seconds(plain.model, tokens=k + 1) / forward_seconds(plain.model) for k in ks}
+        print("a (k + 1)-token target forward costs v_k decode steps (pred = tau / (v_k + k c)): "
+              + ", ".join(f"v_{k} = {v[k]:.2f}" for k in ks))
         del plain
         for temperature in args.temperatures:
-            rows = rows_for(real, k, temperature, args.draft, getattr(args, "head_methods", None))
+            rows = rows_for_ks(real, ks, temperature, args.draft, getattr(args, "head_methods", None))
             cells = measure(rows, prompt_sets, temperature, args, real)
-            print(f"\n{'set':<8}{'T':>3} {'method':<12}{'tree':<34}{'tok/s':>7}{'speedup':>20}{'decode':>20}{'pred':>7}{'c':>7}"
-                  f"{'rate':>6}{'tau':>6} {'same':>5}  acceptance per position")
+            print(f"\n{'set':<8}{'T':>3} {'method':<12}{'k':>3} {'tree':<34}{'tok/s':>7}{'speedup':>20}{'decode':>20}"
+                  f"{'pred':>7}{'c':>7}{'rate':>6}{'tau':>6} {'same':>5}  acceptance per position")
             for kind in sets:
                 plain = cells[(0, kind)]
                 for i, r in enumerate(rows):
-                    table.append(report_row(r, kind, temperature, cells[(i, kind)], plain, v_k))
+                    table.append(report_row(r, kind, temperature, cells[(i, kind)], plain, v.get(r.k, 1.0)))
+    best = best_rows(table)
+    if len(ks) > 1:
+        print_best(best)
     info["load_average_at_the_end"] = machine_info()["load_average"]
     print("\nspeedup: median tokens/s over the plain row's, same set and T (range over the rounds); decode: the "
           "same after each prompt's prefill and first token (which every row computes alike); c: drafting "
           "seconds per drafted token / plain seconds per token; rate: accepted / drafted; same: output identical to "
           f"plain greedy (T = 0). Load average at the end {info['load_average_at_the_end']}.")
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": info, "target": args.target, "dtype": dtype, "k": k,
+        Path(args.json).write_text(json.dumps({"machine": info, "target": args.target, "dtype": dtype, "ks": ks,
                                                "max_tokens": args.max_tokens, "num_prompts": args.num_prompts,
-                                               "repeats": args.repeats, "rows": table}, indent=1) + "\n")
+                                               "repeats": args.repeats, "rows": table, "best": best}, indent=1) + "\n")
         print(f"wrote {args.json}")
+
+
+def best_rows(table: list[dict]) -> list[dict]:
+    """The fastest configuration of each method (any k, tree or draft vocabulary) per set and temperature:
+    the row with the highest median speedup. A maximum over noisy rows leans high: read its range too."""
+    best = {}
+    for r in table:
+        if r["method"] == "none":
+            continue
+        key = (r["set"], r["temperature"], r["method"])
+        if key not in best or r["speedup"] > best[key]["speedup"]:
+            best[key] = r
+    return [{k: r[k] for k in ("set", "temperature", "method", "k", "tree", "draft_vocab_size", "speedup",
+                               "speedup_range", "decode_speedup", "mean_acceptance_length", "identical")}
+            for r in best.values()]
+
+
+def print_best(best: list[dict]) -> None:
+    print("\nbest configuration per method (highest median speedup over k, trees and draft vocabularies):")
+    for b in best:
+        how = b["tree"] or ("chain" + (f", vocab {b['draft_vocab_size']}" if b["draft_vocab_size"] else ""))
+        same = "" if b["identical"] is None else ("identical" if b["identical"] else "NOT identical")
+        print(f"  {b['set']:<8}T = {b['temperature']:g}  {b['method']:<12} k = {b['k']:<3}{how:<34}"
+              f"{b['speedup']:.2f}x ({b['speedup_range'][0]:.2f}-{b['speedup_range'][1]:.2f}), decode "
+              f"{b['decode_speedup']:.2f}x, tau {b['mean_acceptance_length']:.2f}  {same}")
 
 
 def report_row(r: Row, kind: str, temperature: float, cell: dict, plain: dict, v_k: float) -> dict:
@@ -252,7 +289,7 @@ def report_row(r: Row, kind: str, temperature: float, cell: dict, plain: dict, v
     decode = f"{row['decode_speedup']:.2f}x ({min(decode_ratios):.2f}-{max(decode_ratios):.2f})"
     same = "" if identical is None else ("yes" if identical else "NO")
     label = (r.tree or ("chain" + (f", vocab {vocab}" if vocab else ""))) if spec else ""
-    print(f"{kind:<8}{temperature:>3g} {r.method:<12}{label:<34}{row['tok_per_s']:>7.1f}{speed:>20}{decode:>20}"
+    print(f"{kind:<8}{temperature:>3g} {r.method:<12}{r.k:>3} {label:<34}{row['tok_per_s']:>7.1f}{speed:>20}{decode:>20}"
           f"{row['predicted_speedup']:>6.2f}x{c:>7.3f}{(row['acceptance_rate'] or 0):>6.2f}{tau:>6.2f} {same:>5}  "
           f"{per_pos}", flush=True)
     return row
