@@ -51,6 +51,20 @@ from memory.
 Rows of W stored interleaved per tile ([K/8][2][8]: one sequential stream) took five rows to
 1.05-1.07x one row, in two runs. That layout cannot be a strided view of the (out, in) weight the
 modules own, so it waits for a design that keeps one copy (the prefill would have to read it too).
+Two cheaper tries on the same Zen 3 (2026-12-05, one thread, load average 0.2-0.7, standalone harness
+over the projections, medians of interleaved rounds) left the kernel as it is. Prefetching each
+of a tile's rows along its own stream, instead of the tile's block in memory order, made five and six
+rows 3-7 % and 8-12 % faster but four, seven and nine rows up to 7 % slower (four runs). A k-major
+layout of 16-row panels (x broadcast, no reduction) made one row 13 % faster but five rows no faster
+than now (one run), and it is no view of the modules' weights either. Later that day (23:52-23:57 UTC,
+load average 0.1-0.5, medians of 9 interleaved rounds over the projections and the LM head in huge
+pages) the paired layout was built into this kernel's own tiles (the same sums in the same order:
+the same bits as row-major for 1-16 rows) and timed against it in the same rounds: four rows took
+0.76-0.90x as long, five 0.90-1.00x, one to three rows and seven or nine no less (four runs). The
+1.05-1.07x above did not reproduce, and four rows alone do not pay for a second copy of the weights
+(425 MB), so neither layout change is shipped. Other tile shapes (one row of W against 2-6 rows of x;
+blocks of at most 3 or 4 rows of x for 5-9 rows) and copying each tile's rows into a buffer before
+its products made nothing faster (two runs each).
 """
 
 from __future__ import annotations
