@@ -128,6 +128,47 @@ def test_a_claim_whose_process_died_is_taken_over(cache):
     assert not list(parts.glob("*.claim"))
 
 
+def test_a_process_waiting_when_another_merges_the_shards_reads_the_merged_file(cache, monkeypatch):
+    """The race of 2026-12-06: a second training command started while the first was collecting; the
+    first merged every shard into KEY.pt and removed the shards' folder, and the second crashed claiming
+    a shard in it (FileNotFoundError). It now reads KEY.pt. Negative control: without `merged` it waits on."""
+    model, seqs = _model_and_seqs()
+    reference = H.sharded_hidden_states(model, seqs, (8,), cache / "ref", shard_tokens=50)
+    parts, merged = cache / "KEY.parts", cache / "KEY.pt"
+    parts.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    for j in range(2):  # both shards held by a live "other process"
+        (parts / f"shard-{j:04d}-of-0002.claim").write_text(str(holder.pid))
+
+    def other_merges():
+        torch.save([h for f in sorted((cache / "ref").glob("*.pt")) for h in torch.load(f)], cache / "KEY.tmp")
+        (cache / "KEY.tmp").rename(merged)   # as cached_hidden_states writes it: whole or absent
+        for f in parts.iterdir():
+            f.unlink()
+        parts.rmdir()
+    monkeypatch.setattr(H, "hidden_states", lambda *a, **k: pytest.fail("a merged shard was recomputed"))
+    other = threading.Timer(0.3, other_merges)
+    other.start()
+    got = H.sharded_hidden_states(model, seqs, (8,), parts, shard_tokens=50, poll_s=0.05, merged=merged)
+    other.join()
+    assert all(torch.equal(x, y) for x, y in zip(reference, got)) and len(got) == 3
+    assert H._claim(parts / "shard-0000-of-0002.pt") is False   # the folder is gone: nothing to claim
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (H.sharded_hidden_states(model, seqs, (8,), cache / "other", shard_tokens=50,
+                                                                      poll_s=0.05, wait=True), done.set()), daemon=True)
+    (cache / "other").mkdir()
+    for j in range(2):
+        (cache / "other" / f"shard-{j:04d}-of-0002.claim").write_text(str(holder.pid))
+    waiter.start()
+    assert not done.wait(0.5)   # negative control: with no merged file to look for, it keeps waiting
+    for f in sorted((cache / "ref").glob("*.pt")):   # until the shards themselves come
+        f.rename(cache / "other" / f.name)
+        (cache / "other" / f.name).with_suffix(".claim").unlink()
+    waiter.join(10)
+    holder.kill()
+    assert done.is_set()
+
+
 def test_collect_only_collects_every_shard_the_training_command_then_reads(cache, monkeypatch):
     assert H.main(ARGS + ["--out", str(cache / "h"), "--collect-only"]) is None
     assert not (cache / "h" / "model.safetensors").exists()

@@ -218,9 +218,9 @@ def cached_hidden_states(model, seqs: list[list[int]], layers: tuple[int, ...], 
     if path.exists():
         return None if collect_only else torch.load(path)
     parts = cache_dir() / f"{key}.parts"
-    hs = sharded_hidden_states(model, seqs, layers, parts, wait=not collect_only)
-    if collect_only:
-        return None
+    hs = sharded_hidden_states(model, seqs, layers, parts, wait=not collect_only, merged=path)
+    if collect_only or path.exists():  # (exists: another process merged the shards first and removed them)
+        return None if collect_only else hs
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     torch.save(hs, tmp)
     tmp.rename(path)
@@ -234,15 +234,17 @@ def cached_hidden_states(model, seqs: list[list[int]], layers: tuple[int, ...], 
 
 
 def sharded_hidden_states(model, seqs: list[list[int]], layers: tuple[int, ...], parts: Path,
-                          shard_tokens: int = 100_000, wait: bool = True,
-                          poll_s: float = 10.0) -> list[torch.Tensor] | None:
+                          shard_tokens: int = 100_000, wait: bool = True, poll_s: float = 10.0,
+                          merged: Path | None = None) -> list[torch.Tensor] | None:
     """hidden_states over shards of about shard_tokens tokens, each saved under `parts` when done and
     read back instead of recomputed: a collection stopped half way resumes where it stopped.
 
     Several processes may collect at once, one per core: each shard is claimed by a file naming its
     process (SHARD.claim), and a process computes only the shards no live process holds; a claim
     whose process has died is taken over. With `wait`, it then waits for the others' shards and
-    returns them all; without (`--collect-only`), it returns None once nothing is left to claim."""
+    returns them all; without (`--collect-only`), it returns None once nothing is left to claim. When
+    `merged` (the complete KEY.pt) appears, another process has merged every shard and removed `parts`:
+    it is read instead (a process started just before that merge once crashed claiming in the removed folder)."""
     parts.mkdir(parents=True, exist_ok=True)
     shards, start, n = [], 0, 0
     for i, s in enumerate(seqs):
@@ -252,6 +254,8 @@ def sharded_hidden_states(model, seqs: list[list[int]], layers: tuple[int, ...],
             start, n = i + 1, 0
     files = [parts / f"shard-{j:04d}-of-{len(shards):04d}.pt" for j in range(len(shards))]
     while True:
+        if merged is not None and merged.exists():
+            return torch.load(merged) if wait else None
         for f, (a, b) in zip(files, shards):
             if f.exists() or not _claim(f):
                 continue
@@ -275,6 +279,8 @@ def _claim(shard: Path) -> bool:
     for _ in range(2):
         try:
             fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileNotFoundError:
+            return False  # the shards' folder is gone: another process merged them (sharded_hidden_states)
         except FileExistsError:
             try:
                 text, age = claim.read_text(), time.time() - claim.stat().st_mtime
