@@ -39,6 +39,20 @@ def test_distinct_conversations_each_train_on_their_prompt(monkeypatch):
     assert H.teacher_sequences()[1]["train"] == [0] * 5
 
 
+def test_teacher_answers_reads_the_first_n_and_keeps_the_held_out_set(monkeypatch):
+    """--teacher-answers N: the set grows at its end, so its first N answers are what an earlier head read."""
+    import speclab.train.smollm2_draft as draft
+    data = _fake_teacher(monkeypatch)
+    monkeypatch.setattr(draft, "_is_val", lambda i: i.startswith("qa/"))   # qa/b is held out
+    split, loss_from, about = H.teacher_sequences(n_held=1, answers=3)
+    assert len(split["train"]) == 3 and split["heldout"] == [] and about["teacher_answers_used"] == 3
+    split, _, about = H.teacher_sequences(n_held=1, answers=4)
+    assert len(split["train"]) == 3 and len(split["heldout"]) == 1 and about["teacher_answers_used"] == 4
+    assert H.teacher_sequences(n_held=1)[2]["teacher_answers_used"] == len(data["ids"])
+    with pytest.raises(ValueError, match="holds 5 answers"):
+        H.teacher_sequences(answers=6)
+
+
 def test_a_batch_without_targets_gives_zero_loss_not_nan():
     logits = torch.randn(2, 3, 5, requires_grad=True)
     p = torch.softmax(torch.randn(2, 3, 5), -1)

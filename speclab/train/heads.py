@@ -122,13 +122,21 @@ def embedded_sequences(n_train: int, n_held: int, seq_len: int, seed: int = 0):
                  "seq_len": seq_len + 1, "windows": {"train": n_train, "heldout": n_held}}
 
 
-def teacher_sequences(n_held: int = 24, max_len: int = 640):
+def teacher_sequences(n_held: int = 24, max_len: int = 640, answers: int | None = None):
     """The real model's own responses (chat-templated prompt + response ids), split as the SmolLM2
     draft's distillation splits them (by source, `smollm2_draft._is_val`): no held-out source, nor
-    another answer to the same conversation, is trained on; the first n_held of them are evaluated."""
+    another answer to the same conversation, is trained on; the first n_held of them are evaluated.
+
+    `answers`: only the first N answers (the teacher set only ever grows at its end, so the first 1,152
+    are the set the shipped heads trained on, and the held-out answers are the same for any N)."""
     from speclab.train.smollm2_draft import _is_val
     from speclab.train.teacher import load_teacher_data, teacher_dir, teacher_manifest
     d, man = load_teacher_data(), teacher_manifest()
+    if answers is not None:
+        if not 0 < answers <= len(d["ids"]):
+            raise ValueError(f"--teacher-answers {answers}: the teacher set holds {len(d['ids'])} answers "
+                             f"(grow it with `python -m speclab.train.teacher --resume --samples N`)")
+        d = {k: v[:answers] for k, v in d.items()}
     val = [_is_val(i) for i in d["ids"]]
     seqs = [list(s)[:max_len] for s in d["token_ids"]]
     lens = list(d["prompt_lens"])
@@ -145,6 +153,7 @@ def teacher_sequences(n_held: int = 24, max_len: int = 640):
     loss_from = {"train": [0 if f else lens[i] for f, i in zip(first, train)],
                  "heldout": [lens[i] for i in held]}  # held out: responses only
     about = {"source": str(teacher_dir()), "teacher": {k: man.get(k) for k in ("name", "counts", "tokens", "command")},
+             "teacher_answers_used": len(d["ids"]),
              "conversations": {"train": len(train), "heldout": len(held), "unused_validation": sum(val) - len(held)},
              "split": "by source, as speclab.train.smollm2_draft._is_val"}
     return split, loss_from, about
@@ -166,14 +175,13 @@ def load_data(target_name: str, model, layers: tuple[int, ...], args) -> dict | 
         sources = {split: [(f"{key}.{split}", seqs[split], [0] * len(seqs[split]))] for split in ("train", "heldout")}
     else:  # its own answers, and code it reads (disjoint from the held-out chat sets)
         from speclab.models.smollm2 import model_dir
-        from speclab.train.teacher import teacher_manifest
-        seqs, plens, about = teacher_sequences()
+        seqs, plens, about = teacher_sequences(answers=getattr(args, "teacher_answers", None))
         held = args.heldout_windows or max(4, args.windows // 12)
         code = token_windows(model_dir(), args.windows, held, args.seq_len)
         about["code_windows"] = {"source": "stdlib corpus, train split (held-out modules for eval)",
                                  "tokens_each": args.seq_len + 1, "train": args.windows, "heldout": held}
         about["answers_train"] = len(seqs["train"])  # data["train"][:answers_train]: the teacher's
-        tkey = f"{target_name}-teacher-L{L}-a{teacher_manifest()['counts']['answers']}"
+        tkey = f"{target_name}-teacher-L{L}-a{about['teacher_answers_used']}"
         ckey = f"{target_name}-code-L{L}-n{args.windows}-T{args.seq_len}-h{held}"
         sources = {split: [(f"{tkey}.{split}", seqs[split], plens[split])] + code_sources(ckey, args.windows, split, code[split])
                    for split in ("train", "heldout")}
@@ -665,8 +673,9 @@ def _train(args, cfg, head, target, stored: tuple[int, ...], data: dict, log, ck
     return _Fit(step, ema, elapsed() / 60, n_params, ttt, obj.scale, loads, resumed)
 
 
-def _reproduce(args, fit: _Fit, earlier: dict | None) -> str:
-    """The command that repeats this run step for step (after the earlier run's command, if continued)."""
+def _reproduce(args, fit: _Fit, earlier: dict | None, teacher_answers: int | None = None) -> str:
+    """The command that repeats this run step for step (after the earlier run's command, if continued).
+    It names the teacher answers it read (`teacher_answers`), so that it still holds once the set grows."""
     step, ttt = fit.steps, fit.ttt
     cmd = (f"python -m speclab.train.heads --method {args.method} --target {args.target} --steps {step} "
            f"--minutes 1000 --batch-size {args.batch_size} --seq-len {args.seq_len} --lr {args.lr} --seed {args.seed}"
@@ -676,6 +685,7 @@ def _reproduce(args, fit: _Fit, earlier: dict | None) -> str:
            + f" --windows {args.windows}" + (f" --heldout-windows {args.heldout_windows}" if args.heldout_windows else "")
            + (f" --hidden-layers {args.hidden_layers}" if args.hidden_layers else "")
            + (f" --teacher-share {args.teacher_share}" if args.teacher_share is not None else "")
+           + (f" --teacher-answers {teacher_answers}" if teacher_answers else "")
            + (f" --layer-init {args.layer_init}" if args.layer_init is not None else "")
            + (f" --threads {args.threads}" if args.threads else ""))  # threads change the float rounding
     if earlier:  # a continued run: its reproduction is the earlier command, then this one with --init
@@ -700,7 +710,7 @@ def _manifest(args, cfg, data: dict, fit: _Fit, fig: dict, earlier: dict | None,
         "machine": f"{os.cpu_count()}-core {cpu_name()}, load average {os.getloadavg()[0]:.1f} at the end", "heldout": fig, "seed": args.seed,
         "teacher_share": args.teacher_share,
         "load_average_during_training": _load_summary(fit.load_average), "resumed": fit.resumed,
-        "reproduce": _reproduce(args, fit, earlier),
+        "reproduce": _reproduce(args, fit, earlier, data["about"].get("teacher_answers_used")),
     }
 
 
@@ -768,6 +778,9 @@ def main(argv=None):
     ap.add_argument("--teacher-share", type=float, default=None,
                     help="smollm2: the fraction of training sequences drawn from the teacher's answers, the rest "
                          "from code windows (default: uniform over all sequences)")
+    ap.add_argument("--teacher-answers", type=int, default=None,
+                    help="smollm2: only the first N teacher answers (default: all; the shipped heads read the "
+                         "first 1152, the set as it was before it grew)")
     ap.add_argument("--hidden-layers", default=None,
                     help="target layers the head reads, e.g. 8 or 2,4,8 (default: the method's; the fusion ablation)")
     ap.add_argument("--layer-init", type=int, default=None,
