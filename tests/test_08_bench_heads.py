@@ -106,3 +106,25 @@ def test_several_ks_share_one_plain_row_and_the_best_row_is_the_fastest_of_its_m
              row("draft_model", 2, 0.8), row("draft_model", 4, 0.7), row("eagle", 2, 0.95, s="prose")]
     best = {(b["set"], b["method"]): (b["k"], b["speedup"]) for b in best_rows(table)}
     assert best == {("code", "eagle"): (4, 1.3), ("code", "draft_model"): (2, 0.8), ("prose", "eagle"): (2, 0.95)}
+
+
+def test_eagle_heads_repeats_every_eagle_row_per_head_and_keeps_a_best_row_for_each():
+    """`--eagle-heads A B`: each EAGLE row (chain and trees) once per head, the head in its speculative
+    config (`model`) and in its JSON row, and a best row per head, so a new head is compared in one run."""
+    from speclab.bench.heads import best_rows, rows_for
+
+    one = rows_for(True, 4, 0.0, "smollm2-draft")
+    two = rows_for(True, 4, 0.0, "smollm2-draft", eagle_heads=["eagle-smollm2", "/tmp/new-head"])
+    eagle = [r for r in one if r.method == "eagle"]
+    assert len(eagle) == 3 and all(r.head is None and "model" not in r.spec for r in eagle)
+    assert len(two) == len(one) + len(eagle)
+    assert [r.spec["model"] for r in two if r.method == "eagle"] == ["eagle-smollm2"] * 3 + ["/tmp/new-head"] * 3
+    assert all(r.head == r.spec["model"] for r in two if r.method == "eagle")
+    assert [r for r in two if r.method != "eagle"] == [r for r in one if r.method != "eagle"]
+
+    def row(head, speedup):
+        return {"set": "qa", "temperature": 0.0, "method": "eagle", "head": head, "k": 4, "tree": None,
+                "draft_vocab_size": None, "speedup": speedup, "speedup_range": [speedup] * 2,
+                "decode_speedup": speedup, "mean_acceptance_length": 1.5, "identical": True}
+    best = best_rows([row("eagle-smollm2", 1.2), row("/tmp/new-head", 1.4), row("/tmp/new-head", 1.1)])
+    assert sorted((b["head"], b["speedup"]) for b in best) == [("/tmp/new-head", 1.4), ("eagle-smollm2", 1.2)]

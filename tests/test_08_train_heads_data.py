@@ -174,3 +174,23 @@ def test_token_windows_draws_the_same_first_windows_whatever_the_number():
     a, b = token_windows(tok, 20, 3, 16), token_windows(tok, 50, 3, 16)
     assert a["train"] == b["train"][:20] and a["heldout"] == b["heldout"]
     assert b["train"][20:] != b["train"][:30]  # more windows are new windows, not a repeat
+
+
+def test_a_grown_teacher_set_computes_only_its_new_answers(monkeypatch, tmp_path):
+    """Hidden states cached for the first M answers are reused for N > M: only answers M.. are computed
+    (-aN-fromM-); a cache that is not a prefix of the current set (another teacher set) is not used."""
+    _fake_teacher(monkeypatch)
+    monkeypatch.setattr(H, "cache_dir", lambda: tmp_path)
+    split, plens, _ = H.teacher_sequences(answers=5)
+    stem = "smollm2-teacher-L30"
+    assert H.teacher_sources(f"{stem}-a5", "train", split["train"], plens["train"]) == \
+        [(f"{stem}-a5.train", split["train"], plens["train"])]                  # nothing cached: all of it
+    (tmp_path / f"{stem}-a3.train.pt").write_bytes(b"")
+    (tmp_path / f"{stem}-a4-from3.train.pt").write_bytes(b"")                     # a partial key is never a base
+    got = H.teacher_sources(f"{stem}-a5", "train", split["train"], plens["train"])
+    assert got == [(f"{stem}-a3.train", split["train"][:3], plens["train"][:3]),
+                   (f"{stem}-a5-from3.train", split["train"][3:], plens["train"][3:])]
+    other = [[2] * 10] + split["train"][1:]                                      # the cached set's first answer differs
+    assert H.teacher_sources(f"{stem}-a5", "train", other, plens["train"]) == [(f"{stem}-a5.train", other, plens["train"])]
+    (tmp_path / f"{stem}-a5.train.pt").write_bytes(b"")
+    assert H.teacher_sources(f"{stem}-a5", "train", split["train"], plens["train"])[0][0] == f"{stem}-a5.train"

@@ -321,6 +321,9 @@ def main(argv=None) -> None:
     ap.add_argument("--k", type=int, nargs="+", default=[4],
                     help="drafts per step, a tree's nodes (heads); several values run side by side, and the best "
                          "configuration of each method is printed and written")
+    ap.add_argument("--eagle-heads", nargs="+", default=None,
+                    help="heads: run every EAGLE row with each of these heads (names under speclab/checkpoints/heads "
+                         "or directories; default: the target's shipped head), to compare a newly trained one")
     ap.add_argument("--json", default=None, help="heads: write the rows as JSON to this path")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)

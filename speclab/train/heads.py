@@ -183,8 +183,8 @@ def load_data(target_name: str, model, layers: tuple[int, ...], args) -> dict | 
         about["answers_train"] = len(seqs["train"])  # data["train"][:answers_train]: the teacher's
         tkey = f"{target_name}-teacher-L{L}-a{about['teacher_answers_used']}"
         ckey = f"{target_name}-code-L{L}-n{args.windows}-T{args.seq_len}-h{held}"
-        sources = {split: [(f"{tkey}.{split}", seqs[split], plens[split])] + code_sources(ckey, args.windows, split, code[split])
-                   for split in ("train", "heldout")}
+        sources = {split: teacher_sources(tkey, split, seqs[split], plens[split])
+                   + code_sources(ckey, args.windows, split, code[split]) for split in ("train", "heldout")}
     if getattr(args, "collect_only", False):
         for split in ("train", "heldout"):
             for key, ss, _ in sources[split]:
@@ -196,6 +196,31 @@ def load_data(target_name: str, model, layers: tuple[int, ...], args) -> dict | 
                        for s, h, pl in zip(ss, cached_hidden_states(model, ss, layers, key), pls)]
     data["about"]["tokens"] = {k: sum(len(s) for s, _, _ in data[k]) for k in ("train", "heldout")}
     return data
+
+
+def teacher_sources(key: str, split: str, seqs: list[list[int]], plens: list[int]) -> list[tuple[str, list[list[int]], list[int]]]:
+    """The teacher answers' cache keys, [(KEY.SPLIT, sequences, loss_from)], reusing the hidden states
+    collected for a smaller teacher set (-aM- in the key): the set grows only at its end, so the first M
+    answers' sequences of a split are a prefix of the N answers' (checked), and only the rest is computed
+    (cached as -aN-fromM-). A grown held-out split keeps its first 24 answers, so it is never recomputed."""
+    n = int(key.rsplit("-a", 1)[1])
+    whole = [(f"{key}.{split}", seqs, plens)]
+    if (cache_dir() / f"{key}.{split}.pt").exists():
+        return whole
+    stem = key.rsplit("-a", 1)[0]
+    smaller = sorted(int(f.name[len(stem) + 2:].split(".", 1)[0]) for f in cache_dir().glob(f"{stem}-a*.{split}.pt")
+                     if "-from" not in f.name and f.name[len(stem) + 2:].split(".", 1)[0].isdigit())
+    smaller = [m for m in smaller if m < n]
+    if not smaller:
+        return whole
+    m = smaller[-1]
+    prev = teacher_sequences(answers=m)[0][split]
+    if seqs[:len(prev)] != prev:  # not a prefix (another teacher set in the cache): compute it all
+        return whole
+    if len(prev) == len(seqs):
+        return [(f"{stem}-a{m}.{split}", seqs, plens)]
+    k = len(prev)
+    return [(f"{stem}-a{m}.{split}", seqs[:k], plens[:k]), (f"{key}-from{m}.{split}", seqs[k:], plens[k:])]
 
 
 def code_sources(key: str, n: int, split: str, windows: list[list[int]]) -> list[tuple[str, list[list[int]], list[int]]]:

@@ -111,9 +111,14 @@ def restore_committed(out: str | Path | None = None, src: str | Path = COMMITTED
     return out
 
 
-def _restore_if_absent(where: Path) -> None:
-    """The cache's teacher directory from the committed copy, when the cache has none."""
-    if where == teacher_dir() and not _complete(where) and COMMITTED.is_file():
+def _restore_if_absent(where: Path, wait_s: float = 30.0) -> None:
+    """The cache's teacher directory from the committed copy, when the cache has none. A teacher.pt
+    without its MANIFEST is a build saving a chunk (or one that died mid-save): wait for the manifest
+    rather than overwrite a growing set with the committed one."""
+    deadline = time.monotonic() + wait_s
+    while (where / "teacher.pt").is_file() and not (where / "MANIFEST.json").is_file() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if where == teacher_dir() and not (where / "teacher.pt").is_file() and COMMITTED.is_file():
         restore_committed(where)
 
 
