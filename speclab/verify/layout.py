@@ -12,7 +12,7 @@ order, for every rule and implementation: uniforms first, then noise.
 
 import torch
 
-from speclab.sampling import check_probs
+from speclab.sampling import check_probs, exponential_noise
 
 PLACEHOLDER_TOKEN_ID = -1
 
@@ -32,7 +32,7 @@ def draw_uniforms(n: int, generator, device) -> torch.Tensor:
 
 def draw_noise(B: int, V: int, generator, device) -> torch.Tensor:
     """(B, V) float32 Exp(1) noise, strictly positive."""
-    e = torch.empty(B, V, dtype=torch.float32, device=_draw_device(generator, device)).exponential_(generator=generator)
+    e = exponential_noise((B, V), generator, _draw_device(generator, device))
     return e.clamp(min=torch.finfo(torch.float32).tiny).to(device)
 
 
