@@ -118,11 +118,12 @@ def cached_target_topk(target, seqs: list[list[int]], k: int = TOP_K, log=print)
     return [cache[_key(ids)] for ids in seqs], round(cache.get("__seconds__", 0.0), 1)
 
 
-def precompute(code_windows: int = 0, log=print) -> None:
-    """Only the target's top-K over the current teacher data and `code_windows` code windows (to overlap
-    with teacher generation, or to use both cores before a one-thread training run)."""
+def precompute(code_windows: int = 0, log=print, teacher_answers: int | None = None) -> None:
+    """Only the target's top-K over the current teacher data (its first `teacher_answers`, or all) and
+    `code_windows` code windows (to overlap with teacher generation, or to use both cores before a
+    one-thread training run)."""
     work_dir().mkdir(parents=True, exist_ok=True)
-    _prepare_data(None, log, code_windows)
+    _prepare_data(teacher_answers, log, code_windows)
 
 
 def new_draft(target, layers: tuple[int, ...]):
@@ -627,7 +628,7 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     if a.precompute_only:
-        precompute(a.code_windows)
+        precompute(a.code_windows, teacher_answers=a.teacher_answers)
         return
     if a.eval_only:
         from speclab.models.smollm2_draft import SHIPPED
