@@ -90,9 +90,12 @@ class _FakeLLM:
 
     def __init__(self, *args, **kwargs):
         self.tokenizer = None
+        self.calls = []            # (conversation ids' lengths, max_tokens) per chat call
+        _FakeLLM.last = self
 
     def chat(self, convs, params, use_tqdm=True):
         from types import SimpleNamespace as NS
+        self.calls.append(([len(c[-1]["content"]) for c in convs], [p.max_tokens for p in params]))
         outs = []
         for c, p in zip(convs, params):
             resp = [7 + int(p.temperature)] * 3 + [self.END]
@@ -140,6 +143,25 @@ def test_more_samples_per_conversation_come_after_the_first_pass_and_resume(monk
     assert seeds == sorted(b + k * teacher.SEED_STRIDE for b in base for k in (1, 2))
     with pytest.raises(ValueError, match="at least 1"):
         teacher.build_teacher_data(n_greedy=4, n_sample=2, out=tmp_path, verbose=False, samples=0)
+
+
+def test_extra_answers_come_conversation_by_conversation_and_each_prompt_is_prefilled_once(monkeypatch, tmp_path):
+    """With --samples N the extra answers of one conversation are consecutive, so a chunk holds few
+    conversations; a one-token call over its distinct prompts comes first (prefix caching then serves
+    every answer's prompt), and only in a chunk that repeats a conversation."""
+    import speclab.chat
+    import speclab.llm
+    monkeypatch.setattr(speclab.llm, "LLM", _FakeLLM)
+    monkeypatch.setattr(speclab.chat, "chat_prompt_ids", lambda tok, messages: _fake_ids(messages))
+    teacher.build_teacher_data(n_greedy=4, n_sample=2, out=tmp_path, verbose=False, samples=4)
+    extra = teacher.load_teacher_data(tmp_path)["ids"][6:]
+    convs = [i.split("#")[0] for i in extra]
+    assert len(extra) == 6 and convs == sorted(convs, key=convs.index) and len(set(convs[:3])) == 1
+    calls = _FakeLLM.last.calls                   # one chunk of 12 answers to 4 conversations
+    assert calls[0][1] == [1] * 4 and len(set(calls[0][0])) == 4 and calls[1][1] == [256] * 12
+    monkeypatch.setattr(teacher, "CHUNK", 2)      # chunks of two distinct conversations: no priming call
+    teacher.build_teacher_data(n_greedy=4, n_sample=0, out=tmp_path / "b", verbose=False)
+    assert [c[1] for c in _FakeLLM.last.calls] == [[256, 256]] * 2
 
 
 def test_missing_teacher_data_names_the_command(tmp_path):

@@ -27,6 +27,11 @@ pass; `--resume` keeps what is there, so a budgeted run can be continued):
 
     python -m speclab.train.teacher --resume --sample-every 1 --n-sample 384 --samples 4 --budget-minutes 60
 
+The extra answers come conversation by conversation, and the engine runs with prefix caching: a chunk
+first prefills its few distinct prompts (a one-token call; requests admitted in the same step share no
+blocks), then every answer in it reads its prompt from the cache. With 11 answers per conversation that
+cut the forward's tokens 4.4x in a 24-answer test (2026-12-06).
+
 One torch thread is faster than two here (OMP_NUM_THREADS=1: about 90 response tokens/s at batch 32 on
 one core of a 2-core AMD EPYC, against 60 on both, where two threads leave the few-row attention kernel
 for gather + SDPA), so the other core stays free for collecting hidden states or training.
@@ -175,8 +180,9 @@ def _jobs(records: list[dict], n_greedy: int | None, n_sample: int, sample_every
         if i % sample_every == 0 and i // sample_every < n_sample:
             jobs.append((r, 1.0, i))
             sampled.append((i, r))
-    for k in range(1, samples):
-        jobs += [(r, 1.0, i + k * SEED_STRIDE) for i, r in sampled]
+    # the extra answers conversation by conversation, so that a chunk holds a few conversations' answers and
+    # their prompts are prefilled once (prefix caching, _answer_chunk)
+    jobs += [(r, 1.0, i + k * SEED_STRIDE) for i, r in sampled for k in range(1, samples)]
     return jobs
 
 
@@ -221,7 +227,10 @@ def _answer_chunk(b: _Build, llm, chunk: list[tuple], verbose: bool) -> None:
     from speclab.sampling_params import SamplingParams
 
     params = [SamplingParams(temperature=t, seed=s, max_tokens=b.max_tokens) for _, t, s in chunk]
-    outs = llm.chat([r["messages"] for r, _, _ in chunk], params, use_tqdm=verbose)
+    unique = list({r["id"]: r for r, _, _ in chunk}.values())
+    if len(unique) < len(chunk):  # prefill each prompt once: requests admitted in one step share no blocks,
+        llm.chat([r["messages"] for r in unique], [SamplingParams(temperature=0, max_tokens=1)] * len(unique), use_tqdm=False)
+    outs = llm.chat([r["messages"] for r, _, _ in chunk], params, use_tqdm=verbose)  # so they come after
     for (r, t, s), o in zip(chunk, outs):
         prompt = chat_prompt_ids(llm.tokenizer, r["messages"])
         assert list(o.prompt_token_ids) == prompt
@@ -306,7 +315,7 @@ def build_teacher_data(n_greedy: int | None = None, n_sample: int = 128, max_tok
     if samples < 1:
         raise ValueError(f"samples={samples}: at least 1 T=1 answer per sampled conversation (use n_sample=0 for none)")
     jobs = _jobs(records, n_greedy, n_sample, sample_every, samples)
-    llm = LLM(model="smollm2", max_num_seqs=max_num_seqs, kv_cache_gb=2.0, dtype=torch.float32)
+    llm = LLM(model="smollm2", max_num_seqs=max_num_seqs, kv_cache_gb=2.0, dtype=torch.float32, enable_prefix_caching=True)
     b = _Build(out, len(records), max_tokens, max_num_seqs, _command(), t0)
     if resume:
         _restore_if_absent(out)
