@@ -192,5 +192,11 @@ def test_a_grown_teacher_set_computes_only_its_new_answers(monkeypatch, tmp_path
                    (f"{stem}-a5-from3.train", split["train"][3:], plens["train"][3:])]
     other = [[2] * 10] + split["train"][1:]                                      # the cached set's first answer differs
     assert H.teacher_sources(f"{stem}-a5", "train", other, plens["train"]) == [(f"{stem}-a5.train", other, plens["train"])]
+    (tmp_path / f"{stem}-a3.train.pt").unlink()                                   # a --collect-only helper's shards:
+    (tmp_path / f"{stem}-a3.train.parts").mkdir()
+    (tmp_path / f"{stem}-a3.train.parts" / "shard-0000-of-0002.pt").write_bytes(b"")
+    assert len(H.teacher_sources(f"{stem}-a5", "train", split["train"], plens["train"])) == 1   # one of two: not yet
+    (tmp_path / f"{stem}-a3.train.parts" / "shard-0001-of-0002.pt").write_bytes(b"")
+    assert H.teacher_sources(f"{stem}-a5", "train", split["train"], plens["train"]) == got     # all of them: reused
     (tmp_path / f"{stem}-a5.train.pt").write_bytes(b"")
     assert H.teacher_sources(f"{stem}-a5", "train", split["train"], plens["train"])[0][0] == f"{stem}-a5.train"

@@ -198,6 +198,15 @@ def load_data(target_name: str, model, layers: tuple[int, ...], args) -> dict | 
     return data
 
 
+def collected(name: str) -> bool:
+    """Whether the hidden states of cache key `name` (KEY.SPLIT) are all on disk: merged (NAME.pt), or as
+    every shard of a collection (NAME.parts/, which a --collect-only helper leaves unmerged)."""
+    if (cache_dir() / f"{name}.pt").exists():
+        return True
+    shards = list((cache_dir() / f"{name}.parts").glob("shard-*-of-*.pt"))
+    return bool(shards) and len(shards) == int(shards[0].stem.rsplit("-of-", 1)[1])
+
+
 def teacher_sources(key: str, split: str, seqs: list[list[int]], plens: list[int]) -> list[tuple[str, list[list[int]], list[int]]]:
     """The teacher answers' cache keys, [(KEY.SPLIT, sequences, loss_from)], reusing the hidden states
     collected for a smaller teacher set (-aM- in the key): the set grows only at its end, so the first M
@@ -205,12 +214,11 @@ def teacher_sources(key: str, split: str, seqs: list[list[int]], plens: list[int
     (cached as -aN-fromM-). A grown held-out split keeps its first 24 answers, so it is never recomputed."""
     n = int(key.rsplit("-a", 1)[1])
     whole = [(f"{key}.{split}", seqs, plens)]
-    if (cache_dir() / f"{key}.{split}.pt").exists():
+    if collected(f"{key}.{split}"):
         return whole
     stem = key.rsplit("-a", 1)[0]
-    smaller = sorted(int(f.name[len(stem) + 2:].split(".", 1)[0]) for f in cache_dir().glob(f"{stem}-a*.{split}.pt")
-                     if "-from" not in f.name and f.name[len(stem) + 2:].split(".", 1)[0].isdigit())
-    smaller = [m for m in smaller if m < n]
+    counts = {f.name[len(stem) + 2:].split(".", 1)[0] for f in cache_dir().glob(f"{stem}-a*.{split}.*")}
+    smaller = sorted(int(m) for m in counts if m.isdigit() and int(m) < n and collected(f"{stem}-a{m}.{split}"))
     if not smaller:
         return whole
     m = smaller[-1]
