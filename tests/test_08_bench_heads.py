@@ -128,3 +128,5 @@ def test_eagle_heads_repeats_every_eagle_row_per_head_and_keeps_a_best_row_for_e
                 "decode_speedup": speedup, "mean_acceptance_length": 1.5, "identical": True}
     best = best_rows([row("eagle-smollm2", 1.2), row("/tmp/new-head", 1.4), row("/tmp/new-head", 1.1)])
     assert sorted((b["head"], b["speedup"]) for b in best) == [("/tmp/new-head", 1.4), ("eagle-smollm2", 1.2)]
+    only = rows_for(True, 4, 0.0, "smollm2-draft", methods=["eagle"])   # --head-methods eagle: plain stays
+    assert [r.method for r in only] == ["none", "eagle", "eagle", "eagle"]

@@ -31,6 +31,7 @@ from speclab import roofline, stats
 from speclab.bench.attention import main as attention_main
 from speclab.bench.gemm import main as gemm_main
 from speclab.bench.heads import bench_heads
+from speclab.models.heads.config import HEAD_METHODS
 from speclab.bench.prompts import REAL_SETS, find_draft, is_real, prompt_ids
 from speclab.bench.serve_vs_vllm import main as serve_vs_vllm_main
 from speclab.bench.verify_cost import main as verify_cost_main
@@ -321,6 +322,8 @@ def main(argv=None) -> None:
     ap.add_argument("--k", type=int, nargs="+", default=[4],
                     help="drafts per step, a tree's nodes (heads); several values run side by side, and the best "
                          "configuration of each method is printed and written")
+    ap.add_argument("--head-methods", nargs="+", default=None, choices=["ngram", "draft_model", *HEAD_METHODS],
+                    help="heads: only these methods' rows, beside plain decoding (default: every one)")
     ap.add_argument("--eagle-heads", nargs="+", default=None,
                     help="heads: run every EAGLE row with each of these heads (names under speclab/checkpoints/heads "
                          "or directories; default: the target's shipped head), to compare a newly trained one")

@@ -105,7 +105,7 @@ def rows_for(real: bool, k: int, temperature: float, draft: str, methods=None, e
     if eagle_heads:  # every EAGLE row once per head
         rows = [r for r in rows if r.method != "eagle"] + [
             Row(r.method, r.k, r.tree, {**r.spec, "model": h}, h) for h in eagle_heads for r in rows if r.method == "eagle"]
-    return [r for r in rows if methods is None or r.method in methods]
+    return [r for r in rows if methods is None or r.method in methods or r.method == "none"]  # plain: the baseline
 
 
 def rows_for_ks(real: bool, ks: list[int], temperature: float, draft: str, methods=None, eagle_heads=None) -> list[Row]:

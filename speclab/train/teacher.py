@@ -23,7 +23,10 @@ with other work; 130,958 response tokens, where the shipped heads' manifests rec
     python -m speclab.train.teacher --sample-every 1 --n-sample 384   # also --n-greedy, --budget-minutes, --resume
 
 Grow it with more T=1 answers to the same conversations (`--samples N` answers each, after the first
-pass; `--resume` keeps what is there, so a budgeted run can be continued):
+pass; `--resume` keeps what is there, so a budgeted run can be continued). The set only ever grows at its
+end, so its first 1,152 answers stay the shipped heads' and draft's data: their reproduce commands name
+the answers they read (`--teacher-answers 1152` to speclab.train.heads and .smollm2_draft), and a head
+trained on the grown set names its own count:
 
     python -m speclab.train.teacher --resume --sample-every 1 --n-sample 384 --samples 4 --budget-minutes 60
 
