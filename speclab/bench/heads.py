@@ -262,7 +262,7 @@ def print_best(best: list[dict]) -> None:
         how = (b["tree"] or ("chain" + (f", vocab {b['draft_vocab_size']}" if b["draft_vocab_size"] else ""))) \
             + (f", head {Path(b['head']).name}" if b.get("head") else "")
         same = "" if b["identical"] is None else ("identical" if b["identical"] else "NOT identical")
-        print(f"  {b['set']:<8}T = {b['temperature']:g}  {b['method']:<12} k = {b['k']:<3}{how:<34}"
+        print(f"  {b['set']:<8}T = {b['temperature']:g}  {b['method']:<12} k = {b['k']:<3}{how:<34} "
               f"{b['speedup']:.2f}x ({b['speedup_range'][0]:.2f}-{b['speedup_range'][1]:.2f}), decode "
               f"{b['decode_speedup']:.2f}x, tau {b['mean_acceptance_length']:.2f}  {same}")
 
