@@ -31,12 +31,12 @@ from speclab import roofline, stats
 from speclab.bench.attention import main as attention_main
 from speclab.bench.gemm import main as gemm_main
 from speclab.bench.heads import bench_heads
-from speclab.models.heads.config import HEAD_METHODS
 from speclab.bench.prompts import REAL_SETS, find_draft, is_real, prompt_ids
 from speclab.bench.serve_vs_vllm import main as serve_vs_vllm_main
 from speclab.bench.verify_cost import main as verify_cost_main
 from speclab.bench.vs_vllm import main as vs_vllm_main
 from speclab.llm import LLM, resolve_dtype
+from speclab.models.heads.config import HEAD_METHODS
 from speclab.models.hub import model_directory
 from speclab.models.llama import load_llama
 from speclab.sampling_params import SamplingParams
