@@ -36,6 +36,7 @@ from speclab.verify.tree import parse_tree
 METHODS = tuple(PROPOSERS)  # the registry's names (speclab.proposers.METHODS)
 NOT_YET = ("mlp_speculator", "ngram_gpu", "dflash")  # vLLM methods speclab does not build
 TREE_METHODS = ("eagle", "eagle3", "draft_model")  # drafters that grow trees (lesson 10)
+DRAFT_DTYPES = ("float32", "bfloat16")  # a drafter's dtypes apart from the target's (speclab's few-row kernel has both)
 
 
 @dataclass
@@ -53,6 +54,11 @@ class SpeculativeConfig:
             draft_vocab_size most frequent tokens, from the ranking shipped beside the draft (FR-Spec;
             speclab.models.draft_vocab): a cheaper draft, still exact. None: the whole vocabulary.
             (A head declares its own in its config.json, as EAGLE-3's do in vLLM.)
+        draft_dtype: speclab's key (draft_model and the head methods): the drafter's weights, cache and
+            arithmetic in "bfloat16" or "float32" whatever the target's dtype (None: the target's, as in
+            vLLM, where a draft follows the target). Drafts only propose, so a bfloat16 drafter beside a
+            float32 target reads half the bytes per drafted token and the output stays exactly the
+            target's; only the acceptance can move (lesson 04).
         num_speculative_tokens_per_batch_size: vLLM's dynamic k: [[start, end, k], ...] (or speclab's {"start-end": k}),
             inclusive ranges, 0 = off; normalized to a sorted list of (start, end, k).
         adaptive: speclab's adaptive k (0..num_speculative_tokens) from live acceptance and costs.
@@ -76,6 +82,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int | None = None
     draft_sample_method: str = "greedy"
     draft_vocab_size: int | None = None
+    draft_dtype: str | None = None
     num_speculative_tokens_per_batch_size: dict | list | None = None
     adaptive: bool = False
     rejection_sample_method: str = "standard"
@@ -135,6 +142,7 @@ class SpeculativeConfig:
         self._validate_dynamic()
         self._validate_tree()
         self._validate_draft_vocab()
+        self._validate_draft_dtype()
         if self.method == "ngram":
             self._validate_ngram()
         elif self.method == "suffix":
@@ -187,6 +195,16 @@ class SpeculativeConfig:
                              f"a head declares its reduced vocabulary in its own config.json")
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"draft_vocab_size must be a positive integer (tokens the draft scores), got {v!r}")
+
+    def _validate_draft_dtype(self) -> None:
+        if self.draft_dtype is None:
+            return
+        if self.method in ("ngram", "suffix"):
+            raise ValueError(f"draft_dtype sets a model drafter's weights (draft_model and the head methods); "
+                             f"method {self.method!r} drafts from token statistics and has none")
+        if self.draft_dtype not in DRAFT_DTYPES:
+            raise ValueError(f"draft_dtype must be one of {DRAFT_DTYPES} (or None: the target's dtype), got "
+                             f"{self.draft_dtype!r}")
 
     def _validate_suffix(self) -> None:
         if self.model is not None:

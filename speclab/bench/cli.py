@@ -40,6 +40,7 @@ from speclab.models.heads.config import HEAD_METHODS
 from speclab.models.hub import model_directory
 from speclab.models.llama import load_llama
 from speclab.sampling_params import SamplingParams
+from speclab.spec_config import DRAFT_DTYPES
 from speclab.timing import forward_seconds, median_seconds, timed
 
 
@@ -327,6 +328,9 @@ def main(argv=None) -> None:
     ap.add_argument("--eagle-heads", nargs="+", default=None,
                     help="heads: run every EAGLE row with each of these heads (names under speclab/checkpoints/heads "
                          "or directories; default: the target's shipped head), to compare a newly trained one")
+    ap.add_argument("--draft-dtypes", nargs="+", default=None, choices=list(DRAFT_DTYPES),
+                    help="heads: run every model drafter's row (draft model, heads, trees) once per dtype "
+                         "(speculative_config's draft_dtype; default: the target's dtype), e.g. float32 bfloat16")
     ap.add_argument("--json", default=None, help="heads: write the rows as JSON to this path")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)

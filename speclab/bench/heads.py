@@ -79,11 +79,14 @@ class Row:
     tree: str | None
     spec: dict | None
     head: str | None = None  # an EAGLE row's head directory or name, when not the target's shipped one
+    draft_dtype: str | None = None  # a model drafter's dtype when set apart from the target's (draft_dtype)
 
 
-def rows_for(real: bool, k: int, temperature: float, draft: str, methods=None, eagle_heads=None) -> list[Row]:
+def rows_for(real: bool, k: int, temperature: float, draft: str, methods=None, eagle_heads=None,
+             draft_dtypes=None) -> list[Row]:
     """The rows at one k. `eagle_heads`: EAGLE heads to compare (names or directories; None: the shipped one),
-    each in every EAGLE row (chain, static tree, dynamic tree)."""
+    each in every EAGLE row (chain, static tree, dynamic tree). `draft_dtypes`: every model drafter's row
+    once per dtype ("float32", "bfloat16": speculative_config's draft_dtype; None: the target's)."""
     sample = "greedy" if temperature == 0 else "probabilistic"
     rows = [Row("none", 0, None, None),
             Row("ngram", k, None, {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3,
@@ -105,12 +108,17 @@ def rows_for(real: bool, k: int, temperature: float, draft: str, methods=None, e
     if eagle_heads:  # every EAGLE row once per head
         rows = [r for r in rows if r.method != "eagle"] + [
             Row(r.method, r.k, r.tree, {**r.spec, "model": h}, h) for h in eagle_heads for r in rows if r.method == "eagle"]
+    if draft_dtypes:  # the model drafters once per dtype (n-gram has no weights)
+        rows = [r for r in rows if r.method in ("none", "ngram")] + [
+            Row(r.method, r.k, r.tree, {**r.spec, "draft_dtype": d}, r.head, d)
+            for r in rows if r.method not in ("none", "ngram") for d in draft_dtypes]
     return [r for r in rows if methods is None or r.method in methods or r.method == "none"]  # plain: the baseline
 
 
-def rows_for_ks(real: bool, ks: list[int], temperature: float, draft: str, methods=None, eagle_heads=None) -> list[Row]:
+def rows_for_ks(real: bool, ks: list[int], temperature: float, draft: str, methods=None, eagle_heads=None,
+                draft_dtypes=None) -> list[Row]:
     """One plain row, then every k's speculative rows (`rows_for`), all measured in the same rounds."""
-    return [r for i, k in enumerate(ks) for r in rows_for(real, k, temperature, draft, methods, eagle_heads)
+    return [r for i, k in enumerate(ks) for r in rows_for(real, k, temperature, draft, methods, eagle_heads, draft_dtypes)
             if i == 0 or r.spec is not None]
 
 
@@ -218,7 +226,7 @@ def bench_heads(args) -> None:
         del plain
         for temperature in args.temperatures:
             rows = rows_for_ks(real, ks, temperature, args.draft, getattr(args, "head_methods", None),
-                               getattr(args, "eagle_heads", None))
+                               getattr(args, "eagle_heads", None), getattr(args, "draft_dtypes", None))
             cells = measure(rows, prompt_sets, temperature, args, real)
             print(f"\n{'set':<8}{'T':>3} {'method':<12}{'k':>3} {'tree':<34}{'tok/s':>7}{'speedup':>20}{'decode':>20}"
                   f"{'pred':>7}{'c':>7}{'rate':>6}{'tau':>6} {'same':>5}  acceptance per position")
@@ -248,19 +256,20 @@ def best_rows(table: list[dict]) -> list[dict]:
     for r in table:
         if r["method"] == "none":
             continue
-        key = (r["set"], r["temperature"], r["method"], r.get("head"))
+        key = (r["set"], r["temperature"], r["method"], r.get("head"))  # best over k, trees, vocabularies, draft dtypes
         if key not in best or r["speedup"] > best[key]["speedup"]:
             best[key] = r
-    return [{k: r.get(k) for k in ("set", "temperature", "method", "head", "k", "tree", "draft_vocab_size", "speedup",
+    return [{k: r.get(k) for k in ("set", "temperature", "method", "head", "k", "tree", "draft_vocab_size", "draft_dtype", "speedup",
                                "speedup_range", "decode_speedup", "mean_acceptance_length", "identical")}
             for r in best.values()]
 
 
 def print_best(best: list[dict]) -> None:
-    print("\nbest configuration per method (highest median speedup over k, trees and draft vocabularies):")
+    print("\nbest configuration per method (highest median speedup over k, trees, draft vocabularies and dtypes):")
     for b in best:
         how = (b["tree"] or ("chain" + (f", vocab {b['draft_vocab_size']}" if b["draft_vocab_size"] else ""))) \
-            + (f", head {Path(b['head']).name}" if b.get("head") else "")
+            + (f", head {Path(b['head']).name}" if b.get("head") else "") \
+            + (f", {b['draft_dtype']} draft" if b.get("draft_dtype") else "")
         same = "" if b["identical"] is None else ("identical" if b["identical"] else "NOT identical")
         print(f"  {b['set']:<8}T = {b['temperature']:g}  {b['method']:<12} k = {b['k']:<3}{how:<34} "
               f"{b['speedup']:.2f}x ({b['speedup_range'][0]:.2f}-{b['speedup_range'][1]:.2f}), decode "
@@ -282,7 +291,7 @@ def report_row(r: Row, kind: str, temperature: float, cell: dict, plain: dict, v
     identical = cell["outputs"] == plain["outputs"] if temperature == 0 else None
     vocab = (r.spec or {}).get("draft_vocab_size")
     row = {"set": kind, "temperature": temperature, "method": r.method, "head": r.head, "k": r.k, "tree": r.tree,
-           "draft_vocab_size": vocab,
+           "draft_vocab_size": vocab, "draft_dtype": r.draft_dtype,
            "tok_per_s": 1 / statistics.median(per_token), "speedup": statistics.median(ratios),
            "speedup_range": [min(ratios), max(ratios)],
            "decode_speedup": statistics.median(decode_ratios),
@@ -298,6 +307,7 @@ def report_row(r: Row, kind: str, temperature: float, cell: dict, plain: dict, v
     same = "" if identical is None else ("yes" if identical else "NO")
     label = (r.tree or ("chain" + (f", vocab {vocab}" if vocab else ""))) if spec else ""
     label += f", head {Path(r.head).name}" if r.head else ""
+    label += f", {r.draft_dtype} draft" if r.draft_dtype else ""
     print(f"{kind:<8}{temperature:>3g} {r.method:<12}{r.k:>3} {label:<34}{row['tok_per_s']:>7.1f}{speed:>20}{decode:>20}"
           f"{row['predicted_speedup']:>6.2f}x{c:>7.3f}{(row['acceptance_rate'] or 0):>6.2f}{tau:>6.2f} {same:>5}  "
           f"{per_pos}", flush=True)

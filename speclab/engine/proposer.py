@@ -93,6 +93,11 @@ class ProposerContext:
     num_kv_blocks: int
     max_num_seqs: int
 
+    def draft_dtype(self, spec) -> torch.dtype:
+        """The dtype a model drafter runs in: the speculative config's `draft_dtype` (speclab's key),
+        else the target's."""
+        return getattr(torch, spec.draft_dtype) if spec.draft_dtype else self.dtype
+
 
 class Proposer:
     """Base class: override `propose`; `remove` is a no-op for stateless proposers.

@@ -74,13 +74,16 @@ class ReducedLMHead:
             (V_draft x d: 19 MB for SmolLM2 at 8192 tokens) and multiplied as the full head is
             (`PackedLinear`: the few-row kernel for a decode step's rows).
         d2t: (V_draft,) the kept token ids, sorted.
+        dtype: the copy's dtype (default: the weight's), e.g. bfloat16 for a bfloat16 EAGLE head
+            drafting through a float32 target's LM head.
     """
 
-    def __init__(self, lm_head_weight: torch.Tensor, d2t: torch.Tensor):
+    def __init__(self, lm_head_weight: torch.Tensor, d2t: torch.Tensor, dtype: torch.dtype | None = None):
         self.vocab_size = lm_head_weight.shape[0]
         self.d2t = d2t.to(lm_head_weight.device)
         with torch.inference_mode(False):  # an ordinary tensor in any mode: PackedLinear tracks its version
-            self.head = PackedLinear(lm_head_weight.detach().index_select(0, self.d2t).contiguous())
+            rows = lm_head_weight.detach().index_select(0, self.d2t)
+            self.head = PackedLinear(rows.to(dtype or rows.dtype).contiguous())
 
     @torch.inference_mode()
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:

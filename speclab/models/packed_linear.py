@@ -76,7 +76,13 @@ def packing_enabled(weight: torch.Tensor) -> bool:
         return False
     if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
         return False
-    return weight.dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return weight.dtype != torch.bfloat16 or library_bf16()
+
+
+def library_bf16() -> bool:
+    """Whether torch's CPU GEMM libraries have bfloat16 kernels here (oneDNN: AVX512-BF16, AMX or AVX-VNNI);
+    without them F.linear in bfloat16 is several times slower than in float32."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 class PackedLinear:
@@ -99,6 +105,10 @@ class PackedLinear:
         self.few_rows = (self.weight.dtype in cpu_gemm.DTYPES and self.weight.device.type == "cpu"
                          and self.weight.stride(1) == 1 and cpu_gemm.available())  # (out, in) rows: the kernel
         self.packable = packing_enabled(self.weight)
+        # bfloat16 where oneDNN has no bfloat16 kernels (AVX2 without AVX512-BF16 or AVX-VNNI): F.linear then took
+        # 5-6x the few-row kernel's time at any row count (2026-12-06, Zen 3 EPYC, one thread, 3072 x 576: 17 rows
+        # 6.2 against 1.0 ms, 40 rows 14.7 against 2.8, 128 rows 46.5 against 9.6), so the kernel takes every product
+        self.kernel_always = self.few_rows and self.weight.dtype == torch.bfloat16 and not library_bf16()
         if self.packable and not self.few_rows:
             self._pack()
 
@@ -113,7 +123,8 @@ class PackedLinear:
         if self.weight._version != self._version:
             self._prepare()
         rows = x.shape[0]
-        if self.few_rows and rows <= cpu_gemm.MAX_ROWS and x.dtype == self.weight.dtype and torch.get_num_threads() == 1:
+        if self.few_rows and x.dtype == self.weight.dtype and (
+                self.kernel_always or rows <= cpu_gemm.MAX_ROWS and torch.get_num_threads() == 1):
             return cpu_gemm.xwt(x, self.weight)  # a decode or verify step's few rows (cpu_gemm)
         if rows == 1 and self.rows_t and x.dtype == self.weight.dtype == torch.float32:
             return torch.mm(x, self.weight.t())  # one row over the transposed storage (module docstring)

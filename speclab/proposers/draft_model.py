@@ -169,13 +169,14 @@ def _tokens_and_tree(grown) -> tuple:
     return tokens, None, tree  # children are top-k: point masses, no q
 
 
-def load_draft(name, context: ProposerContext, draft_vocab_size: int | None = None):
+def load_draft(name, context: ProposerContext, draft_vocab_size: int | None = None, dtype: torch.dtype | None = None):
     """The draft model, refused unless it shares the target's vocabulary and tokenizer and covers its
-    context, and its kept tokens (d2t) when draft_vocab_size is set (else None)."""
+    context, and its kept tokens (d2t) when draft_vocab_size is set (else None). It runs in `dtype`
+    (default: the target's)."""
     from transformers import AutoTokenizer
 
     path = model_directory(name)
-    draft = load_llama(path, dtype=context.dtype, device=context.device)
+    draft = load_llama(path, dtype=dtype or context.dtype, device=context.device)
     d2t = None
     if draft_vocab_size is not None:  # the first draft_vocab_size tokens of the ranking shipped beside the draft
         d2t = kept_tokens(load_ranking(path, draft.config.vocab_size), draft_vocab_size)
@@ -191,7 +192,7 @@ def from_config(spec, context: ProposerContext) -> DraftModelProposer:
     """`method: "draft_model"` (the registry's constructor): the draft, with a pool as large as the target's."""
     k, tree = spec.num_speculative_tokens, TreeShape.from_config(spec)
     slots = max(k, tree.max_run) if tree else k
-    draft, d2t = load_draft(spec.model, context, spec.draft_vocab_size)
+    draft, d2t = load_draft(spec.model, context, spec.draft_vocab_size, context.draft_dtype(spec))
     return DraftModelProposer(
         draft, k, block_size=context.block_size, sample_method=spec.draft_sample_method,
         num_kv_blocks=DraftModelProposer.pool_blocks(context.num_kv_blocks, context.max_num_seqs, slots,

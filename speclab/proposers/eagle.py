@@ -154,7 +154,8 @@ class EagleProposer(Proposer):
 
 def load_head_for(spec, context: ProposerContext):
     """The head a head method drafts with: spec.model (a directory or a shipped name), or, when it is
-    None, the head speclab ships for this target; checked against the target and the method."""
+    None, the head speclab ships for this target; checked against the target and the method. It runs in
+    the config's `draft_dtype` (default: the target's)."""
     name = spec.model
     if name is None:
         target = context.target_name
@@ -163,7 +164,7 @@ def load_head_for(spec, context: ProposerContext):
             raise ValueError(f"method {spec.method!r} needs a head 'model' for this target (speclab ships "
                              f"{DEFAULT_HEADS}): train one with python -m speclab.train.heads")
         name = shipped[spec.method]
-    return load_head(name, context.target, dtype=context.target.lm_head.weight.dtype, method=spec.method)
+    return load_head(name, context.target, dtype=context.draft_dtype(spec), method=spec.method)
 
 
 def from_config(spec, context: ProposerContext) -> EagleProposer:

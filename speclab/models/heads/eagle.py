@@ -62,13 +62,25 @@ class EagleHead(nn.Module):
     # ------------------------------------------------------------------------------------------
     # the pieces
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The head's own dtype, which may differ from the target's (speculative_config's `draft_dtype`):
+        the target's hidden states and embeddings are cast to it on the way in, and its outputs to the
+        target's on the way to the shared final norm."""
+        return self.fc.weight.dtype
+
     def features(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., n*d) target hidden states of the n layers read -> (..., d) feature f."""
+        hidden = hidden.to(self.dtype)
         return hidden if self.fuse is None else self.fuse(hidden)
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """The target's embedding of token_ids, in the head's dtype."""
+        return self.target.model.embed_tokens(token_ids).to(self.dtype)
 
     def inputs(self, token_ids: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
         """fc([emb(x_{t+1}); f_t]): (..., d)."""
-        x = torch.cat([self.target.model.embed_tokens(token_ids), feature], -1)
+        x = torch.cat([self.embed(token_ids), feature], -1)
         fast = self.__dict__.get("_fc") if torch.is_inference_mode_enabled() else None  # drafting: see prepare
         return fast(x) if fast is not None and x.dim() == 2 else self.fc(x)
 
@@ -78,25 +90,27 @@ class EagleHead(nn.Module):
         the target's products (`PackedLinear`: speclab's few-row kernel for a step's few rows): F.linear
         took 2.7 ms a call for SmolLM2's 8192-token head there, and with the kernel a 4-node tree's
         drafting fell from 11.9 to 7.8 ms a step (2026-12-02, one thread)."""
-        h = self.target.model.norm(g)
+        h = self.target.model.norm(g.to(self.target.lm_head.weight.dtype))
         drafting = torch.is_inference_mode_enabled() and h.dim() == 2
         if not self.cfg.draft_vocab_size:
             return self.target.compute_logits(h) if drafting else self.target.lm_head(h).float()
         if drafting:
-            return self.draft_head()(h)
+            return self.draft_head()(h.to(self.dtype))
         sub = F.linear(h, self.target.lm_head.weight.index_select(0, self.d2t)).float()  # (N, V_draft)
         return scatter_to_vocab(sub, self.d2t, self.cfg.target["vocab_size"])  # (N, V)
 
     def draft_head(self) -> ReducedLMHead:
         """The LM head over the draft vocabulary, for drafting (the draft model's `draft_vocab_size`
         uses the same class). Made once and reused (the gather moves V_draft x d weights, 19 MB for
-        SmolLM2's 8192 tokens, on every chained step otherwise), and made again when the LM head or d2t
-        changes; training gathers afresh, since a tensor made in inference mode cannot enter autograd."""
+        SmolLM2's 8192 tokens, on every chained step otherwise), and made again when the LM head, d2t or
+        the head's dtype changes (its rows are kept in the head's dtype: half the bytes for a bfloat16
+        head beside a float32 target); training gathers afresh, since a tensor made in inference mode
+        cannot enter autograd."""
         w = self.target.lm_head.weight
-        key = (w, w._version, self.d2t._version)
+        key = (w, w._version, self.d2t._version, self.dtype)
         cached = self.__dict__.get("_draft_head")
         if cached is None or cached[0][0] is not w or cached[0][1:] != key[1:]:
-            cached = self._draft_head = (key, ReducedLMHead(w, self.d2t))
+            cached = self._draft_head = (key, ReducedLMHead(w, self.d2t, self.dtype))
         return cached[1]
 
     # ------------------------------------------------------------------------------------------

@@ -52,4 +52,5 @@ class MedusaHead(nn.Module):
         Returns (num_heads, ..., V) float logits: row i-1 is head i's guess of x_{t+1+i}."""
         z = self.target.model.norm(hidden)
         blocks = self.blocks[:num_heads] if num_heads is not None else self.blocks
-        return torch.stack([self.target.lm_head(b(z)).float() for b in blocks])
+        dtype = self.blocks[0].linear.weight.dtype  # the blocks may run in another dtype (draft_dtype)
+        return torch.stack([self.target.lm_head(b(z.to(dtype)).to(z.dtype)).float() for b in blocks])

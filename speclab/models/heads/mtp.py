@@ -35,4 +35,4 @@ class MTPHead(EagleHead):
         self.enorm = RMSNorm(D, eps)
 
     def inputs(self, token_ids: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.cat([self.hnorm(feature), self.enorm(self.target.model.embed_tokens(token_ids))], -1))
+        return self.fc(torch.cat([self.hnorm(feature), self.enorm(self.embed(token_ids))], -1))
