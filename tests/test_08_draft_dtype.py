@@ -11,23 +11,10 @@ import torch
 
 from speclab.llm import LLM
 from speclab.models.heads import build_head, new_config
-from speclab.models.llama import load_llama
-from speclab.proposers.eagle import EagleProposer
-from speclab.proposers.medusa import MedusaProposer
-from speclab.proposers.mtp import MTPProposer
 from speclab.sampling_params import SamplingParams
 from speclab.spec_config import SpeculativeConfig
-from tests.helpers import run_engine, tiny_llama
-from tests.test_08_heads import SCHEDULES, V, engine
-
-PROPOSERS = {"eagle": EagleProposer, "eagle3": EagleProposer, "mtp": MTPProposer, "medusa": MedusaProposer}
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny")
-    tiny_llama(path, vocab_size=V, num_hidden_layers=4, head_scale=6.0, max_position_embeddings=128)
-    return load_llama(path)
+from tests.helpers import run_engine
+from tests.test_08_heads import PROPOSERS, SCHEDULES, V, engine, tiny  # noqa: F401 (tiny: the target fixture)
 
 
 def bf16_head(target, method, draft_vocab_size=None):
