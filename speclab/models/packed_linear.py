@@ -107,7 +107,8 @@ class PackedLinear:
         self.packable = packing_enabled(self.weight)
         # bfloat16 where oneDNN has no bfloat16 kernels (AVX2 without AVX512-BF16 or AVX-VNNI): F.linear then took
         # 5-6x the few-row kernel's time at any row count (2026-12-06, Zen 3 EPYC, one thread, 3072 x 576: 17 rows
-        # 6.2 against 1.0 ms, 40 rows 14.7 against 2.8, 128 rows 46.5 against 9.6), so the kernel takes every product
+        # 6.2 against 1.0 ms, 40 rows 14.7 against 2.8, 128 rows 46.5 against 9.6; with two torch threads F.linear took
+        # 3.7 / 7.2 / 22.9 ms against the one-thread kernel's 1.3 / 2.5 / 8.2), so the kernel takes every product
         self.kernel_always = self.few_rows and self.weight.dtype == torch.bfloat16 and not library_bf16()
         if self.packable and not self.few_rows:
             self._pack()
