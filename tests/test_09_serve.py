@@ -291,3 +291,21 @@ def test_bad_serve_flags_exit_with_the_reason(flags, needle, capsys):
     with pytest.raises(SystemExit) as e:
         main(["serve", *flags])
     assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_a_stopped_server_releases_its_engine_and_model():
+    """Memory: once a server in this process has stopped and its handles are dropped, nothing keeps its
+    LLM (weights and KV pool) alive. FastAPI caches every endpoint function it classifies, module-wide, so
+    endpoints that closed over the server kept each app's engine for the life of the process."""
+    import gc
+    import weakref
+
+    with running_server(["--max-num-seqs", "2"]) as u:
+        r = requests.post(u + "/v1/completions", json={"model": MODEL, "prompt": "def f():", "max_tokens": 2},
+                          timeout=60)
+        assert r.status_code == 200, r.text
+        llm = weakref.ref(u.server.llm)
+        model = weakref.ref(u.server.llm.engine.model)
+        del u
+    gc.collect()
+    assert llm() is None and model() is None, "something still holds the stopped server's LLM or its model"

@@ -105,6 +105,42 @@ def test_both_servers_hold_kv_for_the_same_tokens(tmp_path):
     assert "--block-size" not in cmd, "vLLM's CPU block size is its default, 128 (its attention takes multiples of 32)"
 
 
+def test_low_memory_runs_vllm_s_worker_inside_its_engine_process(tmp_path):
+    for low in (False, True):
+        _, env = svv.Server.command("vllm", tmp_path, ["--host", "127.0.0.1"], threads=1, low_memory=low)
+        assert (env.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0") == low, "the uni executor only under --low-memory"
+    _, env = svv.Server.command("speclab", tmp_path, ["--host", "127.0.0.1"], threads=1, low_memory=True)
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env or env["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0"
+
+
+def test_low_memory_starts_one_server_at_a_time(monkeypatch, tmp_path):
+    """Each server is stopped before the next one starts, and every round of each still runs."""
+    up, events = set(), []
+
+    class Fake:
+        def __init__(self, engine, config, model_dir, args, log_dir):
+            assert not up, f"{engine} started while {up} was still up"
+            self.engine, self.startup_s, self.url = engine, 1.0, "http://x"
+            up.add(engine)
+            events.append(("start", engine))
+
+        def wait_ready(self, timeout):
+            pass
+
+        def stop(self):
+            up.discard(self.engine)
+
+    monkeypatch.setattr(svv, "Server", Fake)
+    monkeypatch.setattr(svv, "run_client", lambda client, server, *a: events.append(("run", server.engine)) or {
+        "server_acceptance_rate": None, "completed": 1, "failed": 0, "output_throughput": 1.0,
+        "median_itl_ms": 1.0, "load_average": "0"})
+    args = svv.parse_args(["--repeats", "2", "--clients", "speclab", "--low-memory"])
+    runs = svv.run_config("plain", args, tmp_path, tmp_path, tmp_path / "d.json", {})
+    assert [r["server"] for r in runs] == ["speclab", "speclab", "vllm", "vllm"] and not up
+    assert events == [("start", "speclab"), ("run", "speclab"), ("run", "speclab"),
+                      ("start", "vllm"), ("run", "vllm"), ("run", "vllm")]
+
+
 def test_speclab_bench_serve_reads_the_spec_decode_counters_of_either_server(monkeypatch):
     """vLLM's /metrics names them vllm:spec_decode_*; speclab's client read only speclab:* before."""
     scrape = """# TYPE vllm:spec_decode_num_drafts counter
@@ -174,7 +210,7 @@ def tiny_run(tmp_path_factory):
         pytest.skip(reason)
     out = tmp_path_factory.mktemp("serve_vs_vllm") / "tiny.json"
     data = svv.main(["--configs", "ngram", "--clients", "speclab", "vllm", "--num-prompts", str(N),
-                     "--output-len", str(LEN), "--max-concurrency", "2", "--repeats", "1", "--json", str(out)])
+                     "--output-len", str(LEN), "--max-concurrency", "2", "--repeats", "1", "--low-memory", "--json", str(out)])
     assert json.loads(out.read_text())["rows"] == data["rows"]
     return data
 

@@ -37,6 +37,8 @@ if re.search(r"^from vllm import", open(script).read(), re.M):
     init = vllm.LLM.__init__
     def eager_init(self, *a, **k):
         k.setdefault("enforce_eager", True)   # skip minutes of torch.compile per configuration
+        k.setdefault("max_model_len", 2048)   # KV for what the test runs: 32 blocks of 128 tokens hold the 8 chats
+        k.setdefault("num_gpu_blocks_override", 32)  # (about 1,300 prompt tokens) at once, 0.17 GiB
         init(self, *a, **k)
     vllm.LLM.__init__ = eager_init
 g = runpy.run_path(script, run_name="__main__")
@@ -116,9 +118,11 @@ def held_out_chats() -> list:
 def run(engine: str, script: Path, out: Path, model: Path, method: str, chats: Path) -> dict:
     args = ["-c", RUNNER, str(script), str(out), str(model), method, str(chats)]
     if engine == "vllm":
-        # 1 GiB of KV (the smallest whole GiB vLLM's CPU build takes; 23k tokens here) instead of the venv's
-        # default 2: its worker held 3.95 GB at the whole test run's peak (2026-12-03)
-        done = run_in_vllm(args, timeout=900, VLLM_CPU_KVCACHE_SPACE=1)
+        # Memory (2026-12-06, a 2-core Zen 4): with the venv's defaults vLLM ran this in three processes (the
+        # script, its engine core and a worker) holding 4.1 GB together at 1 GiB of KV. Here the KV is what the
+        # chats need (RUNNER) and the engine runs inside the script's process (vLLM's "uni" executor): 1.8 GB,
+        # the same tokens. The parity is in what vLLM computes, which neither setting changes.
+        done = run_in_vllm(args, timeout=900, VLLM_CPU_KVCACHE_SPACE=1, VLLM_ENABLE_V1_MULTIPROCESSING=0)
     else:
         done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=900, cwd=str(ROOT))
     assert done.returncode == 0, f"{engine} {method} failed:\n{done.stderr[-4000:]}"

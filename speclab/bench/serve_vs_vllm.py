@@ -28,6 +28,12 @@ report medians over rounds, and ratios are medians of per-round ratios: vLLM ove
 client and round: measured seconds apart) and n-gram over plain (same server, client and round number,
 measured minutes apart, in the next pair of servers: the weaker ratio).
 The load average is printed beside each run and saved. Compare rows of one run, not runs.
+
+Memory: both servers of a config, a client and this harness held 5.7 GB at once (resident, summed; the tests'
+tiny run, 2026-12-06, a 2-core Zen 4). `--low-memory` starts one server at a time and runs vLLM's worker
+inside its engine-core process (VLLM_ENABLE_V1_MULTIPROCESSING=0, its "uni" executor), which the tests use;
+each server's rounds then run back to back, so vLLM/speclab compares runs minutes apart. The tiny run then
+held 3.9 GB at its peak (vLLM's engine process 2.0 GB, its front end 0.8, vLLM's client 0.7, pytest 0.5).
 """
 
 from __future__ import annotations
@@ -80,7 +86,7 @@ class Server:
                   "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", "2048", "--seed", "0",
                   "--enable-prefix-caching" if args.prefix_caching else "--no-enable-prefix-caching",
                   *(["--speculative-config", json.dumps(spec)] if spec else [])]
-        self.cmd, env = self.command(engine, model_dir, common, args.threads)
+        self.cmd, env = self.command(engine, model_dir, common, args.threads, args.low_memory)
         self.log = log_dir / f"server-{engine}-{config}.log"
         self.t0 = time.perf_counter()
         self.proc = subprocess.Popen(self.cmd, env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
@@ -88,8 +94,11 @@ class Server:
         self.startup_s = None
 
     @staticmethod
-    def command(engine: str, model_dir: Path, common: list[str], threads: int) -> tuple[list[str], dict]:
-        """The server's command line and environment: both pools hold KV_TOKENS tokens."""
+    def command(engine: str, model_dir: Path, common: list[str], threads: int,
+                low_memory: bool = False) -> tuple[list[str], dict]:
+        """The server's command line and environment: both pools hold KV_TOKENS tokens. With `low_memory`
+        vLLM's worker runs inside its engine-core process (VLLM_ENABLE_V1_MULTIPROCESSING=0: the "uni"
+        executor, two processes instead of three)."""
         if engine == "speclab":
             return ([sys.executable, "-m", "speclab.serve", str(model_dir), *common, "--num-gpu-blocks-override",
                      str(KV_TOKENS // SPECLAB_BLOCK)],
@@ -97,7 +106,8 @@ class Server:
         # VLLM_CPU_KVCACHE_SPACE is whole GiB (1 holds 23k tokens here); the blocks override what it sizes
         return ([str(VENV / "bin" / "vllm"), "serve", str(model_dir), *common, "--enforce-eager",
                  "--disable-uvicorn-access-log", "--num-gpu-blocks-override", str(KV_TOKENS // VLLM_CPU_BLOCK)],
-                subprocess_env(threads, VLLM_CPU_KVCACHE_SPACE=1))
+                subprocess_env(threads, VLLM_CPU_KVCACHE_SPACE=1,
+                               **({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if low_memory else {})))
 
     def wait_ready(self, timeout: float) -> None:
         import requests
@@ -331,6 +341,10 @@ def parse_args(argv) -> argparse.Namespace:
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1, help="compute threads of each server (default 1)")
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    ap.add_argument("--low-memory", action="store_true",
+                    help="one server up at a time, and vLLM's worker inside its engine-core process: about half "
+                         "the memory (the tests' run: 5.7 -> 3.9 GB), but each server's rounds run back to back, "
+                         "so vLLM/speclab compares runs minutes apart, not interleaved")
     ap.add_argument("--prefix-caching", action="store_true",
                     help="both servers reuse cached prompt prefixes (vLLM's default; off here: the rounds repeat "
                          "the same prompts, so later rounds would time cache hits)")
@@ -344,16 +358,26 @@ def parse_args(argv) -> argparse.Namespace:
 
 
 def run_config(config: str, args, model_dir: Path, tmp: Path, dataset: Path, servers: dict) -> list[dict]:
-    """Start this config's pair of servers, run every round against them, stop them; the runs."""
+    """Start this config's pair of servers, run every round against them, stop them; the runs. With
+    --low-memory one server at a time: each one's rounds back to back, then the other's."""
+    if args.low_memory:
+        return [r for engine in SERVERS for r in run_servers(config, (engine,), args, model_dir, tmp, dataset, servers)]
+    return run_servers(config, SERVERS, args, model_dir, tmp, dataset, servers)
+
+
+def run_servers(config: str, engines: tuple, args, model_dir: Path, tmp: Path, dataset: Path,
+                servers: dict) -> list[dict]:
+    """Start `engines`' servers for this config, run every round against them (their order alternating
+    from round to round), stop them; the runs."""
     runs = []
     try:
-        for engine in SERVERS:
+        for engine in engines:
             s = Server(engine, config, model_dir, args, tmp)
             servers[(config, engine)] = s
             s.wait_ready(args.startup_timeout)
             print(f"  {engine} serve ({config}) ready in {s.startup_s} s on {s.url} (load {load()})", flush=True)
         for rnd in range(args.repeats):
-            order = list(SERVERS) if rnd % 2 == 0 else list(SERVERS)[::-1]
+            order = list(engines) if rnd % 2 == 0 else list(engines)[::-1]
             for engine in order:
                 for client in args.clients:
                     if client == "guidellm" and rnd >= args.guidellm_rounds:
@@ -368,8 +392,8 @@ def run_config(config: str, args, model_dir: Path, tmp: Path, dataset: Path, ser
                           f"{r['median_itl_ms'] or 0:.1f} ms" + (f", acceptance {acc:.2f}" if acc is not None else "")
                           + f" (load {r['load_average']})", flush=True)
     finally:
-        for (c, _), s in servers.items():
-            if c == config:
+        for (c, engine), s in servers.items():
+            if c == config and engine in engines:
                 s.stop()
     return runs
 
@@ -396,7 +420,8 @@ def main(argv=None) -> dict:
           f"thread(s) per server (speclab OMP_NUM_THREADS={args.threads}, vLLM VLLM_CPU_OMP_THREADS_BIND="
           f"{subprocess_env(args.threads)['VLLM_CPU_OMP_THREADS_BIND']}); vllm-cpu {VLLM_VERSION}, enforce_eager; "
           f"prefix caching {'on' if args.prefix_caching else 'off'} in both; "
-          f"{args.repeats} interleaved rounds; {machine()}; load average {load0}; logs in {tmp}", flush=True)
+          f"{args.repeats} {'rounds, one server at a time (--low-memory)' if args.low_memory else 'interleaved rounds'}; "
+          f"{machine()}; load average {load0}; logs in {tmp}", flush=True)
     servers: dict = {}
     runs = []
     for config in args.configs:   # one config's pair of servers at a time (memory: see the docstring)
@@ -417,7 +442,7 @@ def main(argv=None) -> dict:
                          "max_concurrency": args.max_concurrency, "max_num_seqs": args.max_num_seqs,
                          "output_len": args.output_len, "threads": args.threads, "repeats": args.repeats,
                          "guidellm_rounds": args.guidellm_rounds, "vllm": f"vllm-cpu {VLLM_VERSION}, enforce_eager",
-                         "prefix_caching": args.prefix_caching,
+                         "prefix_caching": args.prefix_caching, "low_memory": args.low_memory,
                          "startup_s": {f"{e}-{c}": s.startup_s for (c, e), s in servers.items()},
                          "server_commands": {f"{e}-{c}": " ".join(s.cmd) for (c, e), s in servers.items()},
                          "load_average_before": load0, "load_average_after": load1, "machine": machine(),
