@@ -54,16 +54,28 @@ demo: setup
 # second core. (pytest-xdist 3.8's --dist loadgroup does not group under pytest 9.2: it tags nodeids
 # pytest no longer reads.) Two workers at once took up to 10.1 GB above idle (2026-12-01: the real model's
 # modules in one worker beside a lesson or a vLLM engine in the other), so they run only where the machine
-# has 16 GB or more; below that, one process (about 37 minutes, 6.2 GB). TEST_WORKERS=0 or 2 forces either.
+# has 16 GB or more; below that, one process (about 37 minutes and 6.2 GB on 2026-12-01, before the phases
+# below). TEST_WORKERS=0 or 2 forces either: since the phases two workers fit an 8 GB machine (about 4 GB).
 # Every run prints the whole run's peak (every process under pytest, sampled each second: tests/conftest.py).
-# 2026-12-03, two workers: 9.7 GB resident, 8.6 GB proportional, when test_22_serve_side_by_side's vLLM server
-# (4.3 GB) and speclab's ran beside the real-model tests. Running the vLLM tests last, alone, lowered that to
-# 6.8 GB but added 6 minutes (23 min 21 s in all, too close to CI's 30-minute budget with `make vllm`), so
-# they stay in the two workers' run. The same evening, with the vLLM engines' KV cut to what the tests need, 8.55 GB.
+# 2026-12-03, two workers in one phase: 9.7 GB resident when test_22_serve_side_by_side's vLLM server (4.3 GB) and
+# speclab's ran beside the real-model tests; 9.1 GB on 2026-12-06. Then (a 2-core Zen 4, 2026-12-06) vLLM's parity
+# engines got only the KV they need and ran in one process, the side-by-side test one server at a time, a leak that
+# kept every stopped in-process server's model alive was fixed, the real-model modules took turns and the vLLM tests
+# moved to a phase of their own: 3.93 GB and 3.89 GB at the two phases' peaks, 13 min 14 s in all.
 TEST_WORKERS ?= $(shell awk '/^MemTotal:/ { print ($$2 >= 16000000) ? 2 : 0 }' /proc/meminfo 2>/dev/null || echo 0)
 
+# Two phases, for memory: everything but real vLLM (on TEST_WORKERS workers; modules that hold the real model take
+# turns, tests/conftest.py), then the tests that start vLLM in one fresh process of their own, so that no vLLM engine
+# (1.8-3.9 GB with its client and pytest) runs beside a worker's models. Each phase prints its own peak.
+# Where every test marked vllm lives (tests/test_22_vllm_pins.py checks): the second phase collects only these.
+VLLM_TESTS := tests/test_22_*.py
+
 test: setup
-	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+	@$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) -m "not vllm"; \
+	  first=$$?; \
+	  echo "make test: the tests that start real vLLM, in one process"; \
+	  $(BIN)/python -m pytest -m vllm $(VLLM_TESTS); second=$$?; \
+	  [ $$first -eq 0 ] || exit $$first; [ $$second -eq 0 ] || [ $$second -eq 5 ] || exit $$second
 
 # The executed course as a static site in build/book/ (every lesson run top to bottom: several minutes on
 # 2 cores; LESSONS="00 11" builds only those). Open build/book/index.html, or serve the folder with

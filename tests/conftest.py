@@ -5,10 +5,13 @@ SPECLAB_IMPL=exercises) grades your answers in exercises/ through the same tests
 """
 
 import ctypes
+import fcntl
 import gc
 import importlib
 import os
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -51,6 +54,8 @@ def pytest_report_header(config):
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
+        if any(item.get_closest_marker(m) for m in HEAVY_MARKS):
+            _HEAVY_MODULES.add(item.module.__name__)
         if "gpu" in item.keywords and not _has_cuda():
             item.add_marker(skip)
         if "notebook" in item.keywords:  # executing a lesson takes 5-20 s: not part of the fast loop
@@ -101,6 +106,30 @@ _SECONDS: list[tuple[float, str]] = []         # (seconds from the module's firs
 def _resident_gb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
+
+
+# Memory: a test module that holds the real model (SmolLM2 in float32, or a lesson's kernel running it) brings its
+# process to 1.8-2.9 GB; two at once, one per worker, took the run to 4.7 GB (2026-12-06, a 2-core Zen 4, once the
+# vLLM tests ran apart). Under pytest-xdist such modules take one lock file shared by the run's workers, so they
+# run one at a time while the other worker goes on with light modules.
+HEAVY_MARKS = ("real_model", "notebook")
+_HEAVY_MODULES: set[str] = set()
+
+
+def _heavy_lock_path(config):
+    run = getattr(config, "workerinput", {}).get("testrunuid")
+    return Path(tempfile.gettempdir()) / f"speclab-pytest-{run}.heavy.lock" if run else None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_heavy_module_at_a_time(request):
+    path = _heavy_lock_path(request.config)
+    if path is None or request.module.__name__ not in _HEAVY_MODULES:
+        yield
+        return
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or the worker dies)
+        yield
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -36,6 +36,22 @@ def test_the_readme_and_makefile_agree_with_the_pins():
         assert extra in makefile, f"make vllm must remove {extra} (a CUDA build that breaks `import vllm`)"
 
 
+def files_marking_vllm(paths) -> set[str]:
+    return {p.name for p in paths if re.search(r"mark\.vllm\b", p.read_text())}
+
+
+def test_make_test_s_second_phase_collects_every_test_that_starts_vllm(tmp_path):
+    """make test runs the vLLM tests in a process of their own and collects only VLLM_TESTS there (collecting
+    all 80 modules to deselect them held 0.2 GB more): a test marked vllm elsewhere would run in neither phase."""
+    pattern = re.search(r"^VLLM_TESTS := (\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)
+    covered = {p.name for p in ROOT.glob(pattern)}
+    marking = files_marking_vllm((ROOT / "tests").glob("test_*.py"))
+    assert marking and marking <= covered, f"marked vllm outside {pattern}: {sorted(marking - covered)}"
+    stray = tmp_path / "test_05_stray.py"
+    stray.write_text("import pytest\n\n@pytest.mark.vllm\ndef test_x():\n    pass\n")
+    assert files_marking_vllm([stray]) == {"test_05_stray.py"}, "the scan must see a marked test (negative control)"
+
+
 def test_the_env_defaults_are_a_valid_pth_line_that_never_overrides_the_user():
     line = vllm_venv.pth_text()
     assert line.startswith("import ") and line.count("\n") == 1, "a .pth runs only lines that start with import"
