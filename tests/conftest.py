@@ -110,9 +110,10 @@ def _resident_gb() -> float:
 
 # Memory: a test module that holds the real model (SmolLM2 in float32, or a lesson's kernel running it) brings its
 # process to 1.8-2.9 GB; two at once, one per worker, took the run to 4.7 GB (2026-12-06, a 2-core Zen 4, once the
-# vLLM tests ran apart). Under pytest-xdist such modules take one lock file shared by the run's workers, so they
-# run one at a time while the other worker goes on with light modules.
-HEAVY_MARKS = ("real_model", "notebook")
+# vLLM tests ran apart). Under pytest-xdist such modules, and the one that drives a browser beside the book's
+# server, take one lock file shared by the run's workers, so they run one at a time while the other worker goes
+# on with light modules.
+HEAVY_MARKS = ("real_model", "notebook", "browser")
 _HEAVY_MODULES: set[str] = set()
 
 

@@ -79,6 +79,7 @@ def served(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.browser
 def test_a_lesson_page_shows_its_figures_outputs_and_typeset_math(served):
     import numpy as np
     from PIL import Image
