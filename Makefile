@@ -61,7 +61,7 @@ demo: setup
 # speclab's ran beside the real-model tests; 9.1 GB on 2026-12-06. Then (a 2-core Zen 4, 2026-12-06) vLLM's parity
 # engines got only the KV they need and ran in one process, the side-by-side test one server at a time, a leak that
 # kept every stopped in-process server's model alive was fixed, the real-model modules took turns and the vLLM tests
-# moved to a phase of their own: 3.93 GB and 3.89 GB at the two phases' peaks, 13 min 14 s in all.
+# moved to a phase of their own: 3.88 GB and 3.90 GB at the two phases' peaks, 13 min 30 s in all.
 TEST_WORKERS ?= $(shell awk '/^MemTotal:/ { print ($$2 >= 16000000) ? 2 : 0 }' /proc/meminfo 2>/dev/null || echo 0)
 
 # Two phases, for memory: everything but real vLLM (on TEST_WORKERS workers; modules that hold the real model take

@@ -168,7 +168,7 @@ def pytest_configure(config):
     # The models in tests are tiny: their forwards are many small ops, which one thread runs fastest.
     # Two threads on two cores shared with anything else (a notebook kernel, a training job) spin
     # and wait on each other, and made the engine tests ~100x slower. Not in pytest-xdist's controller,
-    # which runs no test: without torch it holds 0.03 GB instead of 0.27.
+    # which runs no test: without torch it holds 0.05 GB instead of 0.27.
     controller = getattr(config, "workerinput", None) is None and bool(getattr(config.option, "numprocesses", None))
     if not controller:
         try:

