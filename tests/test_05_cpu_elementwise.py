@@ -164,6 +164,7 @@ def tiny_model():
 def test_the_model_computes_the_same_function_with_and_without_the_kernels(monkeypatch, dtype):
     from speclab.engine.batch import flatten
     from speclab.kv_cache import KVCacheManager
+    monkeypatch.setenv("SPECLAB_CPU_DECODER", "0")  # the layers module by module, through `applies`
     model = tiny_model().to(dtype)
 
     def logits():

@@ -20,6 +20,7 @@ exact reference; bfloat16 pays only on a CPU with AVX512-BF16 or AMX, which this
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import statistics
 import time
@@ -31,6 +32,7 @@ from speclab import roofline
 from speclab.engine.batch import flatten
 from speclab.kv_cache import KVCacheManager
 from speclab.llm import resolve_dtype
+from speclab.models import cpu_decoder
 from speclab.models import llama as llama_module
 from speclab.models.hub import model_directory
 from speclab.models.llama import load_llama
@@ -55,30 +57,41 @@ def run_forward(model, batch, caches) -> torch.Tensor:
     return model.compute_logits(model(*batch, caches)[0])
 
 
-def cost_table(model, context: int, max_new: int, rounds: int, calls: int) -> dict[int, list[float]]:
+def cost_table(model, context: int, max_new: int, rounds: int, calls: int, modules=()) -> dict:
     """n -> seconds of a forward over n new tokens, one median of `calls` calls per round, the n
-    interleaved within each round (load drifts on a shared CPU fall on every n alike)."""
+    interleaved within each round (load drifts on a shared CPU fall on every n alike). For each n in
+    `modules`, ("modules", n) -> the same forward with its layers run module by module (the path
+    without `model.decoder_plan`, speclab.models.cpu_decoder), in the same rounds."""
     batches = {n: forward_batch(model, context, n) for n in range(1, max_new + 1)}
+    keys = [*batches, *(("modules", n) for n in modules if model.decoder_plan is not None)]
     for n, (b, c) in batches.items():  # warm-up
         run_forward(model, b, c)
-    out = {n: [] for n in batches}
+    out = {key: [] for key in keys}
+    plan = model.decoder_plan
     for _ in range(rounds):
-        for n, (b, c) in batches.items():
+        for key in keys:
+            b, c = batches[key[1] if isinstance(key, tuple) else key]
+            model.decoder_plan = None if isinstance(key, tuple) else plan
             times = []
-            for _ in range(calls):
-                t0 = time.perf_counter()
-                run_forward(model, b, c)
-                times.append(time.perf_counter() - t0)
-            out[n].append(statistics.median(times))
+            try:
+                for _ in range(calls):
+                    t0 = time.perf_counter()
+                    run_forward(model, b, c)
+                    times.append(time.perf_counter() - t0)
+            finally:
+                model.decoder_plan = plan
+            out[key].append(statistics.median(times))
     return out
 
 
 class PhaseTimer:
     """Seconds spent in the projections, attention and the output head, by wrapping them for the
-    duration of a `with` block (a few hundred ns per call of overhead, against tens of µs per call)."""
+    duration of a `with` block (a few hundred ns per call of overhead, against tens of µs per call).
+    Where the layers run as one native call (`model.decoder_plan`, speclab.models.cpu_decoder), that
+    call times its own projections and attention and the wrappers see only the output head."""
 
-    def __init__(self, head: PackedLinear):
-        self.head = head  # the output head's PackedLinear: its time is "logits"
+    def __init__(self, model):
+        self.head, self.plan = model.head, model.decoder_plan  # the head's PackedLinear: its time is "logits"
         self.seconds = {"projections": 0.0, "attention": 0.0, "logits": 0.0}
 
     def __enter__(self):
@@ -97,10 +110,17 @@ class PhaseTimer:
             timer.seconds["attention"] += time.perf_counter() - t0
             return out
         PackedLinear.__call__, llama_module.paged_attention = timed_call, timed_attn
+        if self.plan is not None:
+            self.plan.seconds = (ctypes.c_double * len(cpu_decoder.PHASES))()
         return self
 
     def __exit__(self, *exc):
         PackedLinear.__call__, llama_module.paged_attention = self._call, self._attn
+        if self.plan is not None:
+            native = dict(zip(cpu_decoder.PHASES, self.plan.seconds))
+            self.seconds["projections"] += native["projections"]
+            self.seconds["attention"] += native["attention"]
+            self.plan.seconds = None
 
 
 def phase_profile(model, context: int, n: int, calls: int) -> dict[str, float]:
@@ -109,7 +129,7 @@ def phase_profile(model, context: int, n: int, calls: int) -> dict[str, float]:
     run_forward(model, batch, caches)
     per_call = []
     for _ in range(calls):
-        with PhaseTimer(model.head) as timer:
+        with PhaseTimer(model) as timer:
             t0 = time.perf_counter()
             logits = run_forward(model, batch, caches)
             total = time.perf_counter() - t0
@@ -148,7 +168,7 @@ def main(argv=None) -> None:
         path = model_directory(args.target)
         model = load_llama(path, dtype=resolve_dtype(dtype, path))
         bandwidth = [roofline.read_bandwidth()]
-        costs = cost_table(model, args.context, args.max_new, args.rounds, args.calls)
+        costs = cost_table(model, args.context, args.max_new, args.rounds, args.calls, modules=(1, args.k + 1))
         bandwidth.append(roofline.read_bandwidth())
         bw = statistics.median(bandwidth)
         nbytes = roofline.weight_bytes_per_token(model)
@@ -158,18 +178,31 @@ def main(argv=None) -> None:
               f"(torch sum, range {min(bandwidth) / 1e9:.1f}-{max(bandwidth) / 1e9:.1f}); decode step {1e3 * t1:.1f} ms "
               f"= {fraction:.0%} of the roofline")
         print(f"{'n':>3}{'ms':>9}{'decode steps':>24}")
-        rows = []
+        rows, modules = [], []
         for n, secs in costs.items():
+            if isinstance(n, tuple):
+                ratios = [m / s for m, s in zip(secs, costs[n[1]])]
+                modules.append({"tokens": n[1], "ms": 1e3 * statistics.median(secs),
+                                "versus_one_call": statistics.median(ratios), "range": [min(ratios), max(ratios)]})
+                continue
             ratios = [s / b for s, b in zip(secs, costs[1])]
             rows.append({"tokens": n, "ms": 1e3 * statistics.median(secs), "decode_steps": statistics.median(ratios),
                          "decode_steps_range": [min(ratios), max(ratios)]})
             print(f"{n:>3}{rows[-1]['ms']:>9.2f}{rows[-1]['decode_steps']:>12.2f} ({min(ratios):.2f}-{max(ratios):.2f})")
+        if modules:
+            print(f"layers module by module ({cpu_decoder.SWITCH}=0), in the same rounds:")
+        else:
+            print(f"(the layers ran module by module: {model.decoder_why})")
+        for m in modules:
+            print(f"{m['tokens']:>3}{m['ms']:>9.2f} ms, {m['versus_one_call']:.2f}x ({m['range'][0]:.2f}-"
+                  f"{m['range'][1]:.2f}) the time of the one native call")
         phases = {n: phase_profile(model, args.context, n, args.calls) for n in (1, args.k + 1)}
         print(f"\nphase profile, ms per forward (median of {args.calls}): n = 1 | n = {args.k + 1}")
         for key in phases[1]:
             print(f"  {key:<20}{phases[1][key]:>8.2f} | {phases[args.k + 1][key]:>8.2f}")
         report["dtypes"][dtype] = {"weight_bytes": nbytes, "read_bandwidth": bw, "decode_ms": 1e3 * t1,
                                    "roofline_fraction": fraction, "rows": rows,
+                                   "layers_module_by_module": modules,
                                    "phases_ms": {str(n): p for n, p in phases.items()}}
         del model
     report["machine"]["load_average_at_the_end"] = machine_info()["load_average"]

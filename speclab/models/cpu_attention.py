@@ -74,6 +74,18 @@ def why_unavailable() -> str:
     return _why
 
 
+BLOCK_ERROR = ("a token's position reaches a cache block its request's block table does not hold (a -1 or an id "
+               "outside the pool): the scheduler must allocate slots before the forward")
+
+
+def entry_point(dtype: torch.dtype):
+    """The kernel's entry point for caches of `dtype` (float32 or bfloat16), loading it if need be."""
+    fns = _fn or _load()
+    if not fns:
+        raise RuntimeError(f"speclab's CPU attention kernel is not available: {_why}")
+    return fns[dtype]
+
+
 def applies(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether the kernel takes this attention call (the module docstring's conditions)."""
     Dh = q.shape[-1]
@@ -119,8 +131,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                 None if trees is None else trees.data_ptr(), None if seen is None else seen.data_ptr(),
                 0 if seen is None else seen.shape[1])
     if failed:
-        raise ValueError("a token's position reaches a cache block its request's block table does not hold "
-                         "(a -1 or an id outside the pool): the scheduler must allocate slots before the forward")
+        raise ValueError(BLOCK_ERROR)
     return out if dtype == torch.float32 else out.to(dtype)
 
 

@@ -74,7 +74,11 @@ def applies(*tensors: torch.Tensor) -> bool:
     return True
 
 
-def _fn(symbol: str, dtype: torch.dtype):
+SLOT_ERROR = ("a slot in slot_mapping lies outside the KV cache's {num_slots} slots: the scheduler must allocate "
+              "blocks before the forward")
+
+
+def entry_point(symbol: str, dtype: torch.dtype):
     """The entry point `symbol` for float32 or bfloat16 tensors (a clear error for another dtype)."""
     fns = _fns or _load()
     if not fns:
@@ -93,7 +97,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if weight.dtype != x.dtype:
         raise ValueError(f"x is {x.dtype} and the weight {weight.dtype}: the kernel takes one dtype")
     out = torch.empty(rows, d, dtype=x.dtype)
-    _fn("speclab_rms_norm", x.dtype)(x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(), rows, d, eps)
+    entry_point("speclab_rms_norm", x.dtype)(x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(), rows, d, eps)
     return out
 
 
@@ -118,15 +122,14 @@ def rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_map
     slots = slot_mapping if slot_mapping.dtype == torch.long and slot_mapping.is_contiguous() \
         else slot_mapping.to(torch.long).contiguous()
     num_slots = k_cache.shape[0] * k_cache.shape[1]
-    if _fn("speclab_rope_cache", qkv.dtype)(qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
+    if entry_point("speclab_rope_cache", qkv.dtype)(qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
                                   k_cache.data_ptr(), v_cache.data_ptr(), num_slots, rows, heads, kv_heads, dh):
-        raise IndexError(f"a slot in slot_mapping lies outside the KV cache's {num_slots} slots: the scheduler "
-                         "must allocate blocks before the forward")
+        raise IndexError(SLOT_ERROR.format(num_slots=num_slots))
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for (N, 2 I) rows holding gate then up; a new (N, I) tensor."""
     rows, width = gate_up.shape
     out = torch.empty(rows, width // 2, dtype=gate_up.dtype)
-    _fn("speclab_silu_mul", gate_up.dtype)(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), rows, width // 2)
+    entry_point("speclab_silu_mul", gate_up.dtype)(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), rows, width // 2)
     return out

@@ -136,6 +136,14 @@ def bf16_path(m: int, n: int, k: int) -> str:
     return ("widened", "avx512_bf16", "amx")[_bf16["which"](m, n, k)]
 
 
+def entry_point(dtype: torch.dtype, path: str = "best"):
+    """The C function `xwt` calls for weights of `dtype` (float32, or bfloat16 on `path`)."""
+    fn = _lib or _load()
+    if not fn:
+        raise RuntimeError(f"speclab's CPU kernel is not available: {_why}")
+    return _bf16[path] if dtype == torch.bfloat16 else fn
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, path: str = "best") -> torch.Tensor:
     """x W^T for a (M, K) x and a (N, K) weight with contiguous rows, both float32 or both bfloat16,
     on the CPU, through the kernel (any M), with a clear error for anything else. y has their dtype.

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from speclab.models import cpu_attention, cpu_elementwise, cpu_gemm, huge_pages
+from speclab.models import cpu_attention, cpu_decoder, cpu_elementwise, cpu_gemm, huge_pages
 from speclab.models.packed_linear import PackedLinear
 
 
@@ -362,6 +362,7 @@ class LlamaForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self._prepared = False
+        self.decoder_plan, self.decoder_why = None, "not prepared yet"  # cpu_decoder's plan, or why there is none
 
     @torch.inference_mode(False)  # weights stay ordinary tensors when the first forward prepares them
     def prepare(self) -> None:
@@ -387,7 +388,27 @@ class LlamaForCausalLM(nn.Module):
         self.head = PackedLinear(self.lm_head.weight)
         if arena is not None:
             huge_pages.release_freed_heap()
+        self.decoder_plan, self.decoder_why = self._decoder_plan()
         self._prepared = True
+
+    def _decoder_plan(self):
+        """(cpu_decoder's plan over the layers, '') where its one call can stand in for them, else (None, why)."""
+        layers = self.model.layers
+        if any(type(layer) is not DecoderLayer or type(layer.self_attn) is not Attention or type(layer.mlp) is not MLP
+               or type(layer.input_layernorm) is not RMSNorm or type(layer.post_attention_layernorm) is not RMSNorm
+               for layer in layers):  # a subclass may compute something else: its forward runs
+            return None, "a layer is not speclab's DecoderLayer of Attention, MLP and RMSNorm"
+        linears = [p for layer in layers for p in (layer.self_attn.qkv, layer.self_attn.o, layer.mlp.gate_up,
+                                                  layer.mlp.down)]
+        if not all(p.few_rows for p in linears):
+            return None, "the projections do not take speclab's few-row kernel (cpu_gemm)"
+        if any(n.eps != self.config.rms_norm_eps for layer in layers
+               for n in (layer.input_layernorm, layer.post_attention_layernorm)):
+            return None, "a norm's eps differs from the config's"
+        weights = [(layer.input_layernorm.weight, layer.self_attn.qkv.weight, layer.self_attn.o.weight,
+                    layer.post_attention_layernorm.weight, layer.mlp.gate_up.weight, layer.mlp.down.weight)
+                   for layer in layers]
+        return cpu_decoder.plan_or_reason(weights, self.config, all(p.kernel_always for p in linears))
 
     def _apply(self, fn, recurse=True):  # .to(), .float(), ... give new tensors: fuse and pack again
         self._prepared = False
@@ -408,11 +429,25 @@ class LlamaForCausalLM(nn.Module):
         if not self._prepared:
             self.prepare()
         x = self.model.embed_tokens(input_ids)
+        if self.decoder_plan is not None and self.decoder_plan.usable(x, kv_caches):  # one native call (cpu_decoder)
+            return self._forward_native(x, meta, kv_caches, hidden_layers)
         saved = [x] if 0 in hidden_layers else []
         for i, layer in enumerate(self.model.layers, start=1):
             x = layer(x, meta, *kv_caches[i - 1])
             if i in hidden_layers:
                 saved.append(x)
+        return self.model.norm(x), saved
+
+    def _forward_native(self, x, meta, kv_caches, hidden_layers):
+        """`forward`'s loop as cpu_decoder calls over x in place, stopping at each layer to save."""
+        L = len(self.model.layers)
+        saved = [x.clone()] if 0 in hidden_layers else []
+        start = 0
+        for stop in sorted({i for i in hidden_layers if 0 < i < L} | {L}):
+            self.decoder_plan.run(x, meta, kv_caches, start, stop)
+            if stop in hidden_layers:
+                saved.append(x.clone())
+            start = stop
         return self.model.norm(x), saved
 
     @torch.inference_mode()
