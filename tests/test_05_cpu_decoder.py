@@ -148,3 +148,28 @@ def test_smollm2_one_call_gives_the_modules_bits():
     from speclab.models import smollm2
     model = load_llama(smollm2.model_dir())
     assert same_bits(*both_paths(model, hidden_layers=(2, 15, 27)))
+
+
+@pytest.mark.parametrize("method", ["eagle", "mtp"])
+def test_an_eagle_head_s_layer_takes_the_call_with_the_same_bits(model_dir, method):
+    from speclab.models.heads import build_head, new_config
+    target = load_llama(model_dir)
+    torch.manual_seed(0)
+    head = build_head(new_config(method, target), target).eval()
+    kv = KVCacheManager(8, 8)
+    kv.allocate("r", 0, 12)
+    g = torch.Generator().manual_seed(1)
+    feature = torch.randn(12, target.config.hidden_size, generator=g)
+    ids = torch.randint(0, target.config.vocab_size, (12,), generator=g)
+
+    def drafts():  # a 9-token pass, then two chained one-token steps over the same cache
+        cache = head.allocate_kv_cache(8, 8)
+        out = [head(ids[:9], feature[:9], flatten(kv, [("r", ids[:9].tolist(), 0)])[1], cache)]
+        for t in (9, 10):
+            out.append(head(ids[t:t + 1], out[-1][-1:], flatten(kv, [("r", [int(ids[t])], t)])[1], cache))
+        return out, cache
+    ours = drafts()
+    assert head._plan is not None
+    head._plan = None
+    theirs = drafts()
+    assert all(map(torch.equal, ours[0], theirs[0])) and all(map(torch.equal, ours[1], theirs[1]))

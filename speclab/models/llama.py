@@ -343,6 +343,26 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+def plan_decoder_layers(layers, cfg: LlamaConfig):
+    """(cpu_decoder's plan over prepared `layers`, '') where its one call can stand in for their forwards,
+    else (None, why not). The model and the EAGLE head's layer both take it."""
+    if any(type(layer) is not DecoderLayer or type(layer.self_attn) is not Attention or type(layer.mlp) is not MLP
+           or type(layer.input_layernorm) is not RMSNorm or type(layer.post_attention_layernorm) is not RMSNorm
+           for layer in layers):  # a subclass may compute something else: its forward runs
+        return None, "a layer is not speclab's DecoderLayer of Attention, MLP and RMSNorm"
+    if not all("qkv" in layer.self_attn.__dict__ and "gate_up" in layer.mlp.__dict__ for layer in layers):
+        return None, "the layers are not prepared (fused projections)"
+    linears = [p for layer in layers for p in (layer.self_attn.qkv, layer.self_attn.o, layer.mlp.gate_up, layer.mlp.down)]
+    if not all(p.few_rows for p in linears):
+        return None, "the projections do not take speclab's few-row kernel (cpu_gemm)"
+    if any(n.eps != cfg.rms_norm_eps for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)):
+        return None, "a norm's eps differs from the config's"
+    weights = [(layer.input_layernorm.weight, layer.self_attn.qkv.weight, layer.self_attn.o.weight,
+                layer.post_attention_layernorm.weight, layer.mlp.gate_up.weight, layer.mlp.down.weight)
+               for layer in layers]
+    return cpu_decoder.plan_or_reason(weights, cfg, all(p.kernel_always for p in linears))
+
+
 class LlamaBody(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
@@ -388,27 +408,8 @@ class LlamaForCausalLM(nn.Module):
         self.head = PackedLinear(self.lm_head.weight)
         if arena is not None:
             huge_pages.release_freed_heap()
-        self.decoder_plan, self.decoder_why = self._decoder_plan()
+        self.decoder_plan, self.decoder_why = plan_decoder_layers(self.model.layers, self.config)
         self._prepared = True
-
-    def _decoder_plan(self):
-        """(cpu_decoder's plan over the layers, '') where its one call can stand in for them, else (None, why)."""
-        layers = self.model.layers
-        if any(type(layer) is not DecoderLayer or type(layer.self_attn) is not Attention or type(layer.mlp) is not MLP
-               or type(layer.input_layernorm) is not RMSNorm or type(layer.post_attention_layernorm) is not RMSNorm
-               for layer in layers):  # a subclass may compute something else: its forward runs
-            return None, "a layer is not speclab's DecoderLayer of Attention, MLP and RMSNorm"
-        linears = [p for layer in layers for p in (layer.self_attn.qkv, layer.self_attn.o, layer.mlp.gate_up,
-                                                  layer.mlp.down)]
-        if not all(p.few_rows for p in linears):
-            return None, "the projections do not take speclab's few-row kernel (cpu_gemm)"
-        if any(n.eps != self.config.rms_norm_eps for layer in layers
-               for n in (layer.input_layernorm, layer.post_attention_layernorm)):
-            return None, "a norm's eps differs from the config's"
-        weights = [(layer.input_layernorm.weight, layer.self_attn.qkv.weight, layer.self_attn.o.weight,
-                    layer.post_attention_layernorm.weight, layer.mlp.gate_up.weight, layer.mlp.down.weight)
-                   for layer in layers]
-        return cpu_decoder.plan_or_reason(weights, self.config, all(p.kernel_always for p in linears))
 
     def _apply(self, fn, recurse=True):  # .to(), .float(), ... give new tensors: fuse and pack again
         self._prepared = False

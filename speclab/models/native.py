@@ -1,7 +1,8 @@
 """speclab's C++ kernels, built once per machine with the host's compiler and loaded with ctypes.
 
 Each kernel is one .cpp file beside this one (`cpu_gemm.cpp`, `cpu_attention.cpp`,
-`cpu_elementwise.cpp`) with a plain C entry point: no torch headers, a build of about a second. It is compiled with `c++ -O3
+`cpu_elementwise.cpp`, and `cpu_decoder.cpp`, which calls the other three through their entry points'
+addresses) with a plain C entry point: no torch headers, a build of about a second. It is compiled with `c++ -O3
 -march=native -ffp-contract=off` (or $CXX) into speclab's cache (`$SPECLAB_CACHE/<name>/`), keyed
 by the source, the flags, the compiler and the CPU, so a change to any of them builds again.
 `-ffp-contract=off`: the compiler fuses no multiply-add on its own, so a result's bits do not

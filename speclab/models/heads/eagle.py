@@ -26,7 +26,7 @@ from torch import nn
 
 from speclab.models.draft_vocab import ReducedLMHead, scatter_to_vocab
 from speclab.models.heads.config import HeadConfig
-from speclab.models.llama import DecoderLayer, LlamaConfig, kv_zeros, rope_tables, rotate
+from speclab.models.llama import DecoderLayer, LlamaConfig, kv_zeros, plan_decoder_layers, rope_tables, rotate
 from speclab.models.packed_linear import PackedLinear
 
 
@@ -122,20 +122,27 @@ class EagleHead(nn.Module):
         positions t; kv_cache: the head's (k_cache, v_cache). Returns g_{t+1}: (N, d)."""
         if not self.__dict__.get("_prepared"):
             self.prepare()
-        return self.layer(self.inputs(token_ids, feature), meta, *kv_cache)
+        x = self.inputs(token_ids, feature)
+        plan = self.__dict__.get("_plan")
+        if plan is not None and plan.usable(x, [kv_cache]):  # the layer in one native call, as the target's
+            plan.run(x, meta, [kv_cache], 0, 1)
+            return x
+        return self.layer(x, meta, *kv_cache)
 
     @torch.inference_mode(False)  # weights stay ordinary tensors (a head may be trained further)
     def prepare(self) -> None:
         """Fuse and pack the decoder layer's projections as the target's are (models/llama.py), and
-        fc's too (`inputs` takes it while drafting; F.linear cost 0.45 ms for its 1152 x 576 weight).
+        fc's too (`inputs` takes it while drafting; F.linear cost 0.45 ms for its 1152 x 576 weight), and
+        plan the layer as one native call where it can be (cpu_decoder, as the target's layers).
         Inference only: training uses `dense`, whose projections stay plain for autograd."""
         self.layer.self_attn.prepare()
         self.layer.mlp.prepare()
         self._fc = PackedLinear(self.fc.weight)
+        self._plan = plan_decoder_layers([self.layer], self.layer.self_attn.cfg)[0]  # (speclab.models.cpu_decoder)
         self._prepared = True
 
     def _apply(self, fn, recurse=True):  # .to() gives new tensors: fuse and pack again before the next forward
-        for name in ("_prepared", "_draft_head", "_fc"):
+        for name in ("_prepared", "_draft_head", "_fc", "_plan"):
             self.__dict__.pop(name, None)
         return super()._apply(fn, recurse)
 
