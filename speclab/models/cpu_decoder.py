@@ -8,9 +8,13 @@ new tensor per op and ten ctypes calls, about 100 µs, so 3-4 ms of a 25-28 ms s
 the rest in the interpreter and torch's dispatch). `cpu_decoder.cpp` runs layers i..j-1 in one call
 and reaches each kernel through its own entry point (their addresses, taken from the libraries
 ctypes loaded), so a token's outputs have the bits the module path gives: the same functions on the
-same inputs in the same order (tests/test_05_cpu_decoder.py compares them bit for bit).
+same inputs in the same order (tests/test_05_cpu_decoder.py compares them bit for bit). On that Zen 4
+(two runs of `python -m speclab.bench verify-cost --target smollm2`, which times both paths in the same
+rounds) a float32 decode step went from 26.3-28.2 to 22.9-24.0 ms (1.17x; 62-65 % -> 71-76 % of the
+roofline) and a 5-token forward 1.18-1.20x faster; bfloat16 1.14-1.25x and 1.27-1.40x.
 
-`LlamaForCausalLM.prepare` builds a `DecoderPlan` where it applies (`plan_or_reason`); `forward` takes
+`LlamaForCausalLM.prepare` (and an EAGLE or MTP head's, for its one layer) builds a `DecoderPlan` where it
+applies (`llama.plan_decoder_layers`, then `plan_or_reason`); `forward` takes
 it when `usable` says this step fits: float32 or bfloat16 on a CPU, one torch thread, at most
 `cpu_gemm.MAX_ROWS` rows (the rows `PackedLinear` hands the kernel; bfloat16 without the library's
 bfloat16 kernels takes every row count, as there), contiguous caches of the weights' dtype. Anything
