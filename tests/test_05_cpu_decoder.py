@@ -86,7 +86,8 @@ def test_it_is_taken_where_it_applies_and_nowhere_else(model_dir, monkeypatch):
     model = load_llama(model_dir)
     calls = []
     run = cpu_decoder.DecoderPlan.run
-    monkeypatch.setattr(cpu_decoder.DecoderPlan, "run", lambda self, x, *a: calls.append(x.shape[0]) or run(self, x, *a))
+    monkeypatch.setattr(cpu_decoder.DecoderPlan, "run",
+                        lambda self, x, *a: calls.append(x.shape[0]) or run(self, x, *a))
     step(model, model.allocate_kv_cache(24, 8), new_rows=5)
     assert calls == [10]  # the prefill's 46 rows take the modules (more than cpu_gemm.MAX_ROWS), the step's 10 the call
     calls.clear()

@@ -97,7 +97,8 @@ static int layers_forward(const void* const* kernels, const int64_t* layers, lon
     const long Q = H * Dh, QKV = (H + 2 * Hkv) * Dh, num_slots = num_blocks * block_size;
     thread_local std::vector<T> buf;  // h (M, D), qkv (M, QKV), attn (M, Q), t (M, D), gate_up (M, 2I), act (M, I)
     buf.resize((size_t)(M * (2 * D + QKV + Q + 3 * I)));
-    T *h = buf.data(), *qkv = h + M * D, *attn = qkv + M * QKV, *t = attn + M * Q, *gu = t + M * D, *act = gu + M * 2 * I;
+    T *h = buf.data(), *qkv = h + M * D, *attn = qkv + M * QKV, *t = attn + M * Q, *gu = t + M * D;
+    T* act = gu + M * 2 * I;
     thread_local std::vector<float> q32, out32;  // attention's float32 q and output (bfloat16: widened, rounded)
     out32.resize((size_t)(M * Q));
     if (sizeof(T) != sizeof(float)) q32.resize((size_t)(M * Q));

@@ -46,7 +46,8 @@ def _load():
         p, n = ctypes.c_void_p, ctypes.c_long
         args = [p, p, n, p, p, p, p, p, p, p, p, p, p, ctypes.c_float, ctypes.c_float, p]
         fns = {}
-        for dtype, symbol in ((torch.float32, "speclab_decoder_layers"), (torch.bfloat16, "speclab_decoder_layers_bf16")):
+        symbols = {torch.float32: "speclab_decoder_layers", torch.bfloat16: "speclab_decoder_layers_bf16"}
+        for dtype, symbol in symbols.items():
             fns[dtype], _why = native.load(SOURCE, symbol, args, ctypes.c_int, SWITCH)
             if fns[dtype] is None:
                 break
@@ -113,10 +114,11 @@ class DecoderPlan:
                                     0 if seen is None else seen.shape[1])
         layers = torch.tensor([[w.data_ptr() for w in self.weights[i]] + [c.data_ptr() for c in kv_caches[i]]
                                for i in range(start, stop)], dtype=torch.int64)
-        failed = _load()[self.dtype](_kernels(self.dtype), layers.data_ptr(), stop - start, dims, x.data_ptr(), cos.data_ptr(),
-                         sin.data_ptr(), slots.data_ptr(), tables.data_ptr(), qsl.data_ptr(), positions.data_ptr(),
-                         None if trees is None else trees.data_ptr(), None if seen is None else seen.data_ptr(),
-                         cfg.rms_norm_eps, self.scale, self.seconds)
+        fn = _load()[self.dtype]
+        failed = fn(_kernels(self.dtype), layers.data_ptr(), stop - start, dims, x.data_ptr(), cos.data_ptr(),
+                    sin.data_ptr(), slots.data_ptr(), tables.data_ptr(), qsl.data_ptr(), positions.data_ptr(),
+                    None if trees is None else trees.data_ptr(), None if seen is None else seen.data_ptr(),
+                    cfg.rms_norm_eps, self.scale, self.seconds)
         if failed == SLOT_ERROR:
             raise IndexError(cpu_elementwise.SLOT_ERROR.format(num_slots=num_blocks * block_size))
         if failed == BLOCK_ERROR:

@@ -122,8 +122,9 @@ def rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_map
     slots = slot_mapping if slot_mapping.dtype == torch.long and slot_mapping.is_contiguous() \
         else slot_mapping.to(torch.long).contiguous()
     num_slots = k_cache.shape[0] * k_cache.shape[1]
-    if entry_point("speclab_rope_cache", qkv.dtype)(qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
-                                  k_cache.data_ptr(), v_cache.data_ptr(), num_slots, rows, heads, kv_heads, dh):
+    fn = entry_point("speclab_rope_cache", qkv.dtype)
+    if fn(qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), k_cache.data_ptr(),
+          v_cache.data_ptr(), num_slots, rows, heads, kv_heads, dh):
         raise IndexError(SLOT_ERROR.format(num_slots=num_slots))
 
 
@@ -131,5 +132,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for (N, 2 I) rows holding gate then up; a new (N, I) tensor."""
     rows, width = gate_up.shape
     out = torch.empty(rows, width // 2, dtype=gate_up.dtype)
-    entry_point("speclab_silu_mul", gate_up.dtype)(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), rows, width // 2)
+    fn = entry_point("speclab_silu_mul", gate_up.dtype)
+    fn(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), rows, width // 2)
     return out

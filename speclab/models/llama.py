@@ -352,10 +352,12 @@ def plan_decoder_layers(layers, cfg: LlamaConfig):
         return None, "a layer is not speclab's DecoderLayer of Attention, MLP and RMSNorm"
     if not all("qkv" in layer.self_attn.__dict__ and "gate_up" in layer.mlp.__dict__ for layer in layers):
         return None, "the layers are not prepared (fused projections)"
-    linears = [p for layer in layers for p in (layer.self_attn.qkv, layer.self_attn.o, layer.mlp.gate_up, layer.mlp.down)]
+    linears = [p for layer in layers
+               for p in (layer.self_attn.qkv, layer.self_attn.o, layer.mlp.gate_up, layer.mlp.down)]
     if not all(p.few_rows for p in linears):
         return None, "the projections do not take speclab's few-row kernel (cpu_gemm)"
-    if any(n.eps != cfg.rms_norm_eps for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)):
+    if any(n.eps != cfg.rms_norm_eps for layer in layers
+           for n in (layer.input_layernorm, layer.post_attention_layernorm)):
         return None, "a norm's eps differs from the config's"
     weights = [(layer.input_layernorm.weight, layer.self_attn.qkv.weight, layer.self_attn.o.weight,
                 layer.post_attention_layernorm.weight, layer.mlp.gate_up.weight, layer.mlp.down.weight)
