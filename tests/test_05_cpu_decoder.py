@@ -75,7 +75,7 @@ def test_the_check_catches_a_plan_with_a_wrong_layer(model_dir):
     """Negative control: a layer table holding the second layer's weights in place of the third's."""
     model = load_llama(model_dir)
     plan = model.decoder_plan
-    short = cpu_decoder.DecoderPlan(plan.weights[:-1] + [plan.weights[-2]], plan.cfg, plan.kernel_always)
+    short = cpu_decoder.DecoderPlan(plan.weights[:-1] + [plan.weights[-2]], plan.cfg)
     model.decoder_plan = short
     ours = step(model, model.allocate_kv_cache(24, 8))
     model.decoder_plan = None

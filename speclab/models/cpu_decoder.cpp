@@ -95,6 +95,7 @@ static int layers_forward(const void* const* kernels, const int64_t* layers, lon
     const long M = dims[0], D = dims[1], H = dims[2], Hkv = dims[3], Dh = dims[4], I = dims[5];
     const long num_blocks = dims[6], block_size = dims[7], B = dims[8], width = dims[9], ld_seen = dims[10];
     const long Q = H * Dh, QKV = (H + 2 * Hkv) * Dh, num_slots = num_blocks * block_size;
+    // scratch, kept between calls (cpu_decoder.py hands this call a decode or verify step: at most 16 rows)
     thread_local std::vector<T> buf;  // h (M, D), qkv (M, QKV), attn (M, Q), t (M, D), gate_up (M, 2I), act (M, I)
     buf.resize((size_t)(M * (2 * D + QKV + Q + 3 * I)));
     T *h = buf.data(), *qkv = h + M * D, *attn = qkv + M * QKV, *t = attn + M * Q, *gu = t + M * D;

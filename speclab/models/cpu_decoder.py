@@ -16,9 +16,9 @@ roofline) and a 5-token forward 1.18-1.20x faster; bfloat16 1.14-1.25x and 1.27-
 `LlamaForCausalLM.prepare` (and an EAGLE or MTP head's, for its one layer) builds a `DecoderPlan` where it
 applies (`llama.plan_decoder_layers`, then `plan_or_reason`); `forward` takes
 it when `usable` says this step fits: float32 or bfloat16 on a CPU, one torch thread, at most
-`cpu_gemm.MAX_ROWS` rows (the rows `PackedLinear` hands the kernel; bfloat16 without the library's
-bfloat16 kernels takes every row count, as there), contiguous caches of the weights' dtype. Anything
-else takes the modules, as before. SPECLAB_CPU_DECODER=0 turns it off.
+`cpu_gemm.MAX_ROWS` rows (a decode or verify step: the .cpp keeps its scratch rows between calls, so a
+prompt's prefill, which gains little from it, stays with the modules), contiguous caches of the weights'
+dtype. Anything else takes the modules, as before. SPECLAB_CPU_DECODER=0 turns it off.
 """
 
 from __future__ import annotations
@@ -80,20 +80,17 @@ class DecoderPlan:
         weights: per layer (input norm, q/k/v, o, post-attention norm, gate/up, down) weights, the
             tensors the modules' kernels read (so a copy of the model has a plan over its own).
         cfg: the model's LlamaConfig.
-        kernel_always: every row count takes the projection kernel (`PackedLinear.kernel_always`).
     """
 
-    def __init__(self, weights: list[tuple[torch.Tensor, ...]], cfg, kernel_always: bool):
-        self.weights, self.cfg, self.kernel_always = weights, cfg, kernel_always
+    def __init__(self, weights: list[tuple[torch.Tensor, ...]], cfg):
+        self.weights, self.cfg = weights, cfg
         self.dtype = weights[0][1].dtype
         self.scale = cfg.head_dim ** -0.5
         self.seconds = None  # a zeroed (ctypes.c_double * 3) adds each call's time per phase (PHASES)
 
     def usable(self, x: torch.Tensor, kv_caches) -> bool:
         """Whether this forward's rows and caches fit the call (the module docstring's conditions)."""
-        if x.dtype != self.dtype or x.shape[0] == 0 or torch.get_num_threads() != 1:
-            return False
-        if x.shape[0] > cpu_gemm.MAX_ROWS and not self.kernel_always:
+        if x.dtype != self.dtype or not 0 < x.shape[0] <= cpu_gemm.MAX_ROWS or torch.get_num_threads() != 1:
             return False
         shape = kv_caches[0][0].shape
         return all(c.dtype == self.dtype and c.is_cpu and c.shape == shape and c.is_contiguous()
@@ -125,7 +122,7 @@ class DecoderPlan:
             raise ValueError(cpu_attention.BLOCK_ERROR)
 
 
-def plan_or_reason(weights, cfg, kernel_always: bool) -> tuple[DecoderPlan | None, str]:
+def plan_or_reason(weights, cfg) -> tuple[DecoderPlan | None, str]:
     """(a plan, '') where the call applies to these layers, else (None, why not)."""
     if os.environ.get(SWITCH, "1") == "0":
         return None, f"{SWITCH}=0"
@@ -138,4 +135,4 @@ def plan_or_reason(weights, cfg, kernel_always: bool) -> tuple[DecoderPlan | Non
         return None, "the layers' weights are not all CPU tensors of one dtype with contiguous rows"
     if cfg.head_dim % 8 or cfg.head_dim > min(cpu_attention.MAX_HEAD_DIM, cpu_elementwise.MAX_HEAD_DIM):
         return None, f"head_dim {cfg.head_dim} is not a multiple of 8 up to {cpu_attention.MAX_HEAD_DIM}"
-    return DecoderPlan(weights, cfg, kernel_always), ""
+    return DecoderPlan(weights, cfg), ""

@@ -362,7 +362,7 @@ def plan_decoder_layers(layers, cfg: LlamaConfig):
     weights = [(layer.input_layernorm.weight, layer.self_attn.qkv.weight, layer.self_attn.o.weight,
                 layer.post_attention_layernorm.weight, layer.mlp.gate_up.weight, layer.mlp.down.weight)
                for layer in layers]
-    return cpu_decoder.plan_or_reason(weights, cfg, all(p.kernel_always for p in linears))
+    return cpu_decoder.plan_or_reason(weights, cfg)
 
 
 class LlamaBody(nn.Module):
