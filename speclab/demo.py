@@ -112,10 +112,14 @@ DRAFT_HINT = ("train it with `python -m speclab.train.smollm2_draft` (distilled 
 EAGLE_HEAD = "eagle-smollm2"   # lesson 08's EAGLE head for SmolLM2, shipped in speclab/checkpoints/heads/
 REAL_NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 REAL_DRAFT_K = 2   # the model drafters' k: their later positions are rarely accepted, so k = 2 beat k = 4
-                   # for both (bench heads, 2026-11-29). With the few-row kernel the EAGLE head's 4-node
-                   # static tree beat its chains in bench heads (1.41-1.45x, 48 tokens), but not this demo's
-                   # 2-token chain over 64 tokens: on three sets 1.16-1.24x (tree, 20:04) against
-                   # 1.24-1.31x (chain, 19:08) in two demo runs of 2026-12-01, so the demo keeps the chain
+                   # for both (bench heads, 2026-11-29). In this demo's own measurement (64 tokens, 3 repeats,
+                   # 2026-12-07, a Zen 4 EPYC, one thread) the EAGLE head's 2-token chain still beat its 4-node
+                   # static tree on three sets of four (1.50 / 1.40 / 1.30 / 1.19x against 1.44 / 1.37 / 1.26 /
+                   # 1.24x, both with bfloat16 drafts), though the tree wins in bench heads over 48 tokens
+DRAFT_DTYPE = "bfloat16"  # the model drafters' weights, cache and products (speclab's `draft_dtype`): drafts only
+                   # propose, so the output stays the target's; half the bytes a drafted token reads. The same
+                   # demo run: EAGLE k = 2 1.44 / 1.27 / 1.21 / 1.23x in float32, 1.50 / 1.40 / 1.30 / 1.19x so;
+                   # the draft model 1.20 / 1.12 / 1.03 / 1.13x and 1.25 / 1.15 / 1.00-1.11 / 1.25x
 
 
 def local_model(name: str) -> tuple[str | None, str]:
@@ -143,9 +147,10 @@ def real_methods() -> tuple[list[tuple[str, dict]], list[str]]:
         # over the target's 8192 most written tokens where the draft ships their ranking (lesson 04)
         vocab = {"draft_vocab_size": smollm2_draft.DRAFT_VOCAB} if (Path(draft) / RANKING_FILE).is_file() else {}
         rows.append((f"draft model, k={REAL_DRAFT_K}", {"method": "draft_model", "model": draft,
-                                                        "num_speculative_tokens": REAL_DRAFT_K, **vocab}))
+                                                        "num_speculative_tokens": REAL_DRAFT_K, **vocab,
+                                                        "draft_dtype": DRAFT_DTYPE}))
     rows.append((f"EAGLE head, k={REAL_DRAFT_K}", {"method": "eagle", "model": EAGLE_HEAD,
-                                                   "num_speculative_tokens": REAL_DRAFT_K}))
+                                                   "num_speculative_tokens": REAL_DRAFT_K, "draft_dtype": DRAFT_DTYPE}))
     return rows, missing
 
 
@@ -198,6 +203,7 @@ def real_demo(num_prompts: int = 2, max_tokens: int = 64, repeats: int = 2, thre
 
     print(f"SmolLM2-135M-Instruct (Q4_1-dequantized, {dtype}), LLM.chat, greedy, batch 1; {num_prompts} held-out "
           f"prompts per set, spread over its tasks (chat_prompts v{chat_prompts_version()}), up to {max_tokens} new tokens each;\n"
+          f"the model drafters run in {DRAFT_DTYPE} (draft_dtype: the output stays the {dtype} target's);\n"
           f"each row measured {repeats} times, interleaved with plain decoding of the same prompts (median and range)"
           f"\nmachine: {machine_line(threads)}")
     for line in missing:
