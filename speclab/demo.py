@@ -29,6 +29,7 @@ from speclab.models import smollm2_draft
 from speclab.models.draft_vocab import RANKING_FILE
 from speclab.reference import autoregressive_generate, speculative_generate
 from speclab.timing import machine_info, timed
+from speclab.verify.tree import star_literal
 from speclab.toy import MarkovLM
 
 
@@ -111,11 +112,16 @@ DRAFT_HINT = ("train it with `python -m speclab.train.smollm2_draft` (distilled 
               f"then LLM(speculative_config={{'method': 'draft_model', 'model': '{DRAFT_NAME}'}}) finds it")
 EAGLE_HEAD = "eagle-smollm2"   # lesson 08's EAGLE head for SmolLM2, shipped in speclab/checkpoints/heads/
 REAL_NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-REAL_DRAFT_K = 2   # the model drafters' k: their later positions are rarely accepted, so k = 2 beat k = 4
-                   # for both (bench heads, 2026-11-29). In this demo's own measurement (64 tokens, 3 repeats,
-                   # 2026-12-07, a Zen 4 EPYC, one thread) the EAGLE head's 2-token chain still beat its 4-node
-                   # static tree on three sets of four (1.50 / 1.40 / 1.30 / 1.19x against 1.44 / 1.37 / 1.26 /
-                   # 1.24x, both with bfloat16 drafts), though the tree wins in bench heads over 48 tokens
+REAL_DRAFT_K = 2   # the EAGLE head's k: its later positions are rarely accepted, so k = 2 beat k = 4 (bench
+                   # heads, 2026-11-29). In this demo's own measurement (64 tokens, 3 repeats, 2026-12-07, a Zen 4
+                   # EPYC, one thread) its 2-token chain still beat its 4-node trees on two or three sets of four:
+                   # 1.50 / 1.40 / 1.30 / 1.19x against 1.44 / 1.37 / 1.26 / 1.24x for [(0,), (1,), (2,), (0, 0)]
+                   # (02:35 UTC); in a second run (04:11 UTC, load 0.0-1.0) 1.43 / 1.35 / 1.25 / 1.20x against that
+                   # tree's 1.39 / 1.32 / 1.31 / 1.22x and the 4-star's 1.39 / 1.29 / 1.25 / 1.24x
+DRAFT_TREE = star_literal(4)  # the draft model's tree, "[(0,), (1,), (2,), (3,)]": its 4 most likely next
+                   # tokens, one draft forward a step (lesson 10; each depth costs the draft a whole forward, so
+                   # width pays). The second run above: 1.31 / 1.18 / 1.14 / 1.21x against its k = 2 chain's
+                   # 1.25 / 1.16 / 1.06 / 1.20x
 DRAFT_DTYPE = "bfloat16"  # the model drafters' weights, cache and products (speclab's `draft_dtype`): drafts only
                    # propose, so the output stays the target's; half the bytes a drafted token reads. The same
                    # demo run: EAGLE k = 2 1.44 / 1.27 / 1.21 / 1.23x in float32, 1.50 / 1.40 / 1.30 / 1.19x so;
@@ -146,9 +152,8 @@ def real_methods() -> tuple[list[tuple[str, dict]], list[str]]:
     else:
         # over the target's 8192 most written tokens where the draft ships their ranking (lesson 04)
         vocab = {"draft_vocab_size": smollm2_draft.DRAFT_VOCAB} if (Path(draft) / RANKING_FILE).is_file() else {}
-        rows.append((f"draft model, k={REAL_DRAFT_K}", {"method": "draft_model", "model": draft,
-                                                        "num_speculative_tokens": REAL_DRAFT_K, **vocab,
-                                                        "draft_dtype": DRAFT_DTYPE}))
+        rows.append(("draft model, 4-star", {"method": "draft_model", "model": draft, "num_speculative_tokens": 4,
+                                             "speculative_token_tree": DRAFT_TREE, **vocab, "draft_dtype": DRAFT_DTYPE}))
     rows.append((f"EAGLE head, k={REAL_DRAFT_K}", {"method": "eagle", "model": EAGLE_HEAD,
                                                    "num_speculative_tokens": REAL_DRAFT_K, "draft_dtype": DRAFT_DTYPE}))
     return rows, missing
@@ -208,7 +213,7 @@ def real_demo(num_prompts: int = 2, max_tokens: int = 64, repeats: int = 2, thre
           f"\nmachine: {machine_line(threads)}")
     for line in missing:
         print(f"  - {line}")
-    print(f"\n{'set':<9}{'method':<18}{'tok/s':>7}{'speedup':>28}{'accept rate':>13}{'mean accept len':>17}"
+    print(f"\n{'set':<9}{'method':<21}{'tok/s':>7}{'speedup':>28}{'accept rate':>13}{'mean accept len':>17}"
           f"{'identical to plain':>20}")
     results = []
     for kind in SETS:
@@ -224,11 +229,11 @@ def real_demo(num_prompts: int = 2, max_tokens: int = 64, repeats: int = 2, thre
                 tps[name].append(t)
                 ratios[name].append(t / base)
                 same[name] &= tokens == reference
-        print(f"{kind:<9}{'no speculation':<18}{statistics.median(plain_tps):>7.1f}{'1.00x':>28}{'-':>13}{'1.00':>17}"
+        print(f"{kind:<9}{'no speculation':<21}{statistics.median(plain_tps):>7.1f}{'1.00x':>28}{'-':>13}{'1.00':>17}"
               f"{'-':>20}")
         for name, _ in rows:
             m = llms[name].engine.stats
-            print(f"{'':<9}{name:<18}{statistics.median(tps[name]):>7.1f}{speedup_text(ratios[name]):>28}"
+            print(f"{'':<9}{name:<21}{statistics.median(tps[name]):>7.1f}{speedup_text(ratios[name]):>28}"
                   f"{m.acceptance_rate:>13.2f}{m.mean_acceptance_length:>17.2f}{str(same[name]):>20}")
             results.append((kind, name, statistics.median(ratios[name]), m.mean_acceptance_length, ratios[name]))
     print("\nspeedup: tokens/s over plain decoding of the same prompts, per repeat; 'not reproduced' when the repeats "

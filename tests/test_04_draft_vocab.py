@@ -147,6 +147,27 @@ def test_greedy_speculation_with_a_reduced_vocabulary_equals_plain(pair, method)
     assert drafted and set(drafted) <= set(KEPT.tolist())  # only kept tokens are ever drafted
 
 
+def test_a_star_tree_over_a_reduced_vocabulary_equals_plain_and_drafts_kept_tokens_only(pair):
+    """The draft's star (its k most likely tokens, bench heads' tree for the draft model) over d2t: the
+    children are the top-k of the reduced logits, so they are kept tokens, and greedy output stays plain's."""
+    from speclab.proposers.tree_drafting import TreeShape
+    from speclab.verify.tree import parse_tree
+    _, target, draft = pair
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in (1, 5, 11)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prop = DraftModelProposer(load_llama(draft), 4, num_kv_blocks=4096, block_size=4, d2t=KEPT,
+                              tree=TreeShape(static=parse_tree("[(0,), (1,), (2,), (3,)]")))
+    drafted = []
+    propose = prop.propose
+    prop.propose = lambda *a, **kw: [drafted.extend(p.token_ids) or p for p in propose(*a, **kw)]
+    plain = run_engine(make_engine(target), prompts, params)
+    eng = make_engine(target, prop)
+    assert run_engine(eng, prompts, params) == plain
+    assert eng.stats.num_accepted_tokens > 0
+    assert drafted and set(drafted) <= set(KEPT.tolist())
+
+
 def test_sampled_drafts_come_from_the_reduced_q(pair):
     _, target, draft = pair
     prop = reduced_proposer(draft, 2, "probabilistic")
@@ -214,5 +235,6 @@ def test_bench_heads_runs_the_smollm2_draft_over_the_reduced_vocabulary_too():
     from speclab.bench.heads import rows_for
     from speclab.models.smollm2_draft import DRAFT_VOCAB
     drafts = [r.spec for r in rows_for(True, 4, 0.0, "smollm2-draft") if r.method == "draft_model"]
-    assert [s.get("draft_vocab_size") for s in drafts] == [None, DRAFT_VOCAB]
+    assert [(s.get("draft_vocab_size"), s.get("speculative_token_tree")) for s in drafts] == [
+        (None, None), (DRAFT_VOCAB, None), (DRAFT_VOCAB, "[(0,), (1,), (2,), (3,)]")]  # chains, then the 4-star
     assert all(r.spec is None or "draft_vocab_size" not in r.spec for r in rows_for(False, 4, 0.0, "draft"))

@@ -26,8 +26,9 @@ def test_a_draft_that_resolves_to_a_directory_gets_a_row(monkeypatch):
     monkeypatch.setattr(demo, "DRAFT_NAME", str(checkpoint_dir("draft")))
     rows, _ = demo.real_methods()
     assert rows[1][1] == {"method": "draft_model", "model": str(checkpoint_dir("draft")),
-                          "num_speculative_tokens": demo.REAL_DRAFT_K,  # no token ranking: the whole vocabulary
-                          "draft_dtype": demo.DRAFT_DTYPE}
+                          "num_speculative_tokens": 4, "speculative_token_tree": demo.DRAFT_TREE,
+                          "draft_dtype": demo.DRAFT_DTYPE}  # no token ranking: the whole vocabulary
+    assert demo.DRAFT_TREE == "[(0,), (1,), (2,), (3,)]"  # vLLM's rule: k is the tree's node count
 
 
 def test_the_smollm2_draft_row_scores_the_reduced_vocabulary_where_its_ranking_ships(monkeypatch, tmp_path):

@@ -3,9 +3,9 @@
 For each prompt set and temperature: plain decoding, n-gram, the draft model (`draft`, or
 `smollm2-draft` for SmolLM2, which also runs over the 8192 tokens the target writes most:
 `draft_vocab_size`, speclab.models.draft_vocab), the heads (EAGLE, EAGLE-3-style, Medusa, MTP on
-the embedded target; EAGLE on SmolLM2), and EAGLE's trees (lesson 10): a static `speculative_token_tree` and an
-EAGLE-2 dynamic tree with as many nodes as the chain has drafts, so chain and trees verify the same
-number of tokens per step. Every row is one LLM; the rows share the target's weights
+the embedded target; EAGLE on SmolLM2), and the trees (lesson 10): EAGLE's static `speculative_token_tree` and
+EAGLE-2 dynamic tree, and on SmolLM2 the draft model's star (its k most likely next tokens), each with as
+many nodes as the chain has drafts, so chain and trees verify the same number of tokens per step. Every row is one LLM; the rows share the target's weights
 (`speclab.llm.shared_weights`). `--repeats` interleaved rounds: in each round every row runs every
 set once, so drifting load falls on all rows alike; times are medians over the rounds and a
 speedup's range is over the rounds (each against the plain row of its own round).
@@ -46,6 +46,7 @@ from speclab.llm import LLM, shared_weights
 from speclab.models.smollm2_draft import DRAFT_VOCAB
 from speclab.sampling_params import SamplingParams
 from speclab.timing import forward_seconds, machine_info, timed, wrap_timed
+from speclab.verify.tree import star_literal
 
 EMBEDDED_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "medusa", "mtp")
 # EAGLE's static trees at a verified budget of k nodes (the chain's k), chosen by measurement: SmolLM2's
@@ -63,11 +64,20 @@ EMBEDDED_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "medusa", "mtp")
 # and the EAGLE-2 dynamic trees (steps, topk) at the same budgets: k = 6 (3, 3) 1.989 (static 1.896),
 # k = 8 (3, 4) 2.090 and (4, 3) 2.080, k = 12 (4, 4) 2.178, k = 16 (4, 4) 2.188 (chat 1.65 in all):
 # ranked by the draft's probabilities, a tree spends its budget where the head is confident.
-STATIC_TREES = {3: "[(0,), (1,), (2,)]", 4: "[(0,), (1,), (2,), (0, 0)]",
+STATIC_TREES = {2: "[(0,), (1,)]", 3: "[(0,), (1,), (2,)]", 4: "[(0,), (1,), (2,), (0, 0)]",
                 6: "[(0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0)]",
                 8: "[(0,), (1,), (2,), (3,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]",
                 12: "[(0,), (1,), (2,), (3,), (0, 0), (0, 1), (1, 0), (2, 0), (0, 0, 0), (0, 2), (1, 1), (0, 1, 0)]"}
 DYNAMIC_TREES = {6: (3, 3), 8: (3, 4), 12: (4, 4)}  # k -> (speculative_num_steps, speculative_eagle_topk); else (k - 1, 2)
+# The draft model drafts a star: its k most likely next tokens, all at depth 1
+# (`speclab.verify.tree.star_literal`). Each depth of a tree costs the draft a forward of the whole model
+# (4 layers and an LM head), where it costs a head one layer; the draft's first token is right 0.3-0.5 of
+# the time and its second rarely, so width pays and depth does not. SmolLM2's draft in bfloat16 over 8192
+# tokens, float32 target, 2 chats per set x 48 tokens, 3 rounds, one thread (Zen 4 EPYC, load 0.5-1.0,
+# 2026-12-07), speedup on edit / codegen / qa / chat: the 3-star 1.29 / 1.23 / 1.13 / 1.20x, the 4-star
+# 1.36 / 1.30 / 1.20 / 1.34x, the 5-star 1.25 / 1.29 / 1.16 / 1.26x, [(0,), (1,), (2,), (0, 0)] 1.29 / 1.12 /
+# 1.11 / 1.25x; in an earlier run EAGLE-2 dynamic trees of 3 and 4 nodes read 1.03-1.08x on qa and chat
+# and the k = 3 chain 0.97 / 0.99x.
 
 
 @dataclass
@@ -98,13 +108,11 @@ def rows_for(real: bool, k: int, temperature: float, draft: str, methods=None, e
                                                  "draft_sample_method": sample, "draft_vocab_size": DRAFT_VOCAB}))
     heads = ("eagle",) if real else EMBEDDED_METHODS[2:]
     rows += [Row(m, k, None, {"method": m, "num_speculative_tokens": k, "draft_sample_method": sample}) for m in heads]
-    if k in STATIC_TREES:  # the trees draft their top-k children (greedy drafts) at every temperature
-        rows.append(Row("eagle", k, STATIC_TREES[k], {"method": "eagle", "num_speculative_tokens": k,
-                                                      "speculative_token_tree": STATIC_TREES[k]}))
-    steps, topk = DYNAMIC_TREES.get(k, (k - 1, 2))
-    rows.append(Row("eagle", k, f"dynamic: steps {steps}, topk {topk}", {
-        "method": "eagle", "num_speculative_tokens": k, "speculative_num_steps": steps, "speculative_eagle_topk": topk,
-        "speculative_num_draft_tokens": k + 1}))
+    rows += eagle_trees(k)
+    if real:  # the draft model's star too, over its 8192-token vocabulary (its fastest chain's)
+        rows.append(Row("draft_model", k, star_literal(k), {"method": "draft_model", "model": draft,
+                                                            "num_speculative_tokens": k, "draft_vocab_size": DRAFT_VOCAB,
+                                                            "speculative_token_tree": star_literal(k)}))
     if eagle_heads:  # every EAGLE row once per head
         rows = [r for r in rows if r.method != "eagle"] + [
             Row(r.method, r.k, r.tree, {**r.spec, "model": h}, h) for h in eagle_heads for r in rows if r.method == "eagle"]
@@ -113,6 +121,21 @@ def rows_for(real: bool, k: int, temperature: float, draft: str, methods=None, e
             Row(r.method, r.k, r.tree, {**r.spec, "draft_dtype": d}, r.head, d)
             for r in rows if r.method not in ("none", "ngram") for d in draft_dtypes]
     return [r for r in rows if methods is None or r.method in methods or r.method == "none"]  # plain: the baseline
+
+
+def eagle_trees(k: int) -> list[Row]:
+    """EAGLE's static tree of k nodes (when STATIC_TREES has one) and its EAGLE-2 dynamic tree of k nodes.
+    Their children are the head's top-k (greedy drafts) at every temperature."""
+    rows = []
+    if k in STATIC_TREES:
+        rows.append(Row("eagle", k, STATIC_TREES[k], {"method": "eagle", "num_speculative_tokens": k,
+                                                      "speculative_token_tree": STATIC_TREES[k]}))
+    steps, topk = DYNAMIC_TREES.get(k, (k - 1, 2))
+    if steps > 1 or not rows:  # at one depth the dynamic tree is the static one
+        rows.append(Row("eagle", k, f"dynamic: steps {steps}, topk {topk}", {
+            "method": "eagle", "num_speculative_tokens": k, "speculative_num_steps": steps,
+            "speculative_eagle_topk": topk, "speculative_num_draft_tokens": k + 1}))
+    return rows
 
 
 def rows_for_ks(real: bool, ks: list[int], temperature: float, draft: str, methods=None, eagle_heads=None,

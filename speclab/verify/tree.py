@@ -36,7 +36,7 @@ from functools import cached_property
 
 import torch
 
-__all__ = ["TokenTree", "chain", "parse_tree", "from_parents", "walk", "sample_tree", "recursive_rejection_sample",
+__all__ = ["TokenTree", "chain", "star_literal", "parse_tree", "from_parents", "walk", "sample_tree", "recursive_rejection_sample",
            "draw_children"]
 
 FIX = ('write it as vLLM does: a list of paths of child ranks, parents before children, e.g. '
@@ -113,6 +113,12 @@ class TokenTree:
 def chain(k: int) -> TokenTree:
     """k drafts in a line: vLLM's default tree `[(0,), (0, 0), ...]`."""
     return TokenTree(tuple(range(-1, k)), (0,) * (k + 1))
+
+
+def star_literal(k: int) -> str:
+    """k drafts side by side, all children of the root (the drafter's k most likely next tokens), as vLLM's
+    `speculative_token_tree` literal: "[(0,), (1,), ..., (k - 1,)]"."""
+    return "[" + ", ".join(f"({i},)" for i in range(k)) + "]"
 
 
 def parse_tree(literal, max_nodes: int | None = None) -> TokenTree:
