@@ -112,20 +112,17 @@ DRAFT_HINT = ("train it with `python -m speclab.train.smollm2_draft` (distilled 
               f"then LLM(speculative_config={{'method': 'draft_model', 'model': '{DRAFT_NAME}'}}) finds it")
 EAGLE_HEAD = "eagle-smollm2"   # lesson 08's EAGLE head for SmolLM2, shipped in speclab/checkpoints/heads/
 REAL_NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-REAL_DRAFT_K = 2   # the EAGLE head's k: its later positions are rarely accepted, so k = 2 beat k = 4 (bench
-                   # heads, 2026-11-29). In this demo's own measurement (64 tokens, 3 repeats, 2026-12-07, a Zen 4
-                   # EPYC, one thread) its 2-token chain still beat its 4-node trees on two or three sets of four:
-                   # 1.50 / 1.40 / 1.30 / 1.19x against 1.44 / 1.37 / 1.26 / 1.24x for [(0,), (1,), (2,), (0, 0)]
-                   # (02:35 UTC); in a second run (04:11 UTC, load 0.0-1.0) 1.43 / 1.35 / 1.25 / 1.20x against that
-                   # tree's 1.39 / 1.32 / 1.31 / 1.22x and the 4-star's 1.39 / 1.29 / 1.25 / 1.24x
-DRAFT_TREE = star_literal(4)  # the draft model's tree, "[(0,), (1,), (2,), (3,)]": its 4 most likely next
-                   # tokens, one draft forward a step (lesson 10; each depth costs the draft a whole forward, so
-                   # width pays). The second run above: 1.31 / 1.18 / 1.14 / 1.21x against its k = 2 chain's
-                   # 1.25 / 1.16 / 1.06 / 1.20x
+DRAFT_K = 3        # both model drafters draft a star: their 3 most likely next tokens side by side, from one
+DRAFT_TREE = star_literal(DRAFT_K)  # drafter forward a step ("[(0,), (1,), (2,)]", lesson 10). Chosen in this
+                   # demo's own measurement (64 tokens, 3 repeats, a Zen 4 EPYC, one thread, bfloat16 drafts,
+                   # 2026-12-07 04:29 UTC, load about 1), edit / codegen / qa / chat: the draft's 3-star 1.41 / 1.32 /
+                   # 1.23 / 1.35x, its 4-star 1.28 / 1.16 / 1.14 / 1.20x, its k = 2 chain 1.26 / 1.19 / 1.08 / 1.21x;
+                   # EAGLE's 3-star 1.53 / 1.45 / 1.37 / 1.45x, its k = 2 chain 1.44 / 1.32 / 1.29 / 1.23x (the demo's
+                   # until then; k = 4 chains were slower for both, their later drafts rarely accepted)
 DRAFT_DTYPE = "bfloat16"  # the model drafters' weights, cache and products (speclab's `draft_dtype`): drafts only
-                   # propose, so the output stays the target's; half the bytes a drafted token reads. The same
-                   # demo run: EAGLE k = 2 1.44 / 1.27 / 1.21 / 1.23x in float32, 1.50 / 1.40 / 1.30 / 1.19x so;
-                   # the draft model 1.20 / 1.12 / 1.03 / 1.13x and 1.25 / 1.15 / 1.00-1.11 / 1.25x
+                   # propose, so the output stays the target's; half the bytes a drafted token reads. The
+                   # demo's A/B of 02:35 UTC that day, k = 2 chains: EAGLE 1.44 / 1.27 / 1.21 / 1.23x in float32,
+                   # 1.50 / 1.40 / 1.30 / 1.19x so; the draft 1.20 / 1.12 / 1.03 / 1.13x and 1.25 / 1.15 / 1.00-1.11 / 1.25x
 
 
 def local_model(name: str) -> tuple[str | None, str]:
@@ -145,6 +142,7 @@ def local_model(name: str) -> tuple[str | None, str]:
 def real_methods() -> tuple[list[tuple[str, dict]], list[str]]:
     """The speculative rows to run on the real model, and a line for each row that cannot run."""
     rows, missing = [("n-gram, k=5", REAL_NGRAM)], []
+    star = {"num_speculative_tokens": DRAFT_K, "speculative_token_tree": DRAFT_TREE}  # vLLM's rule: k = the node count
     draft, why = local_model(DRAFT_NAME)
     if draft is None:
         hint = "" if "python -m" in why else f". To build it: {DRAFT_HINT}"   # the resolver may say how already
@@ -152,10 +150,9 @@ def real_methods() -> tuple[list[tuple[str, dict]], list[str]]:
     else:
         # over the target's 8192 most written tokens where the draft ships their ranking (lesson 04)
         vocab = {"draft_vocab_size": smollm2_draft.DRAFT_VOCAB} if (Path(draft) / RANKING_FILE).is_file() else {}
-        rows.append(("draft model, 4-star", {"method": "draft_model", "model": draft, "num_speculative_tokens": 4,
-                                             "speculative_token_tree": DRAFT_TREE, **vocab, "draft_dtype": DRAFT_DTYPE}))
-    rows.append((f"EAGLE head, k={REAL_DRAFT_K}", {"method": "eagle", "model": EAGLE_HEAD,
-                                                   "num_speculative_tokens": REAL_DRAFT_K, "draft_dtype": DRAFT_DTYPE}))
+        rows.append((f"draft model, {DRAFT_K}-star", {"method": "draft_model", "model": draft, **star, **vocab,
+                                                      "draft_dtype": DRAFT_DTYPE}))
+    rows.append((f"EAGLE head, {DRAFT_K}-star", {"method": "eagle", "model": EAGLE_HEAD, **star, "draft_dtype": DRAFT_DTYPE}))
     return rows, missing
 
 

@@ -17,7 +17,7 @@ def test_an_unbuilt_draft_is_reported_with_how_to_build_it_and_never_fetched(mon
     monkeypatch.setattr(huggingface_hub, "snapshot_download", no_network)
     monkeypatch.setattr(demo, "DRAFT_NAME", "no-such-draft-built-here")
     rows, missing = demo.real_methods()
-    assert [name for name, _ in rows] == ["n-gram, k=5", f"EAGLE head, k={demo.REAL_DRAFT_K}"]  # the head ships
+    assert [name for name, _ in rows] == ["n-gram, k=5", "EAGLE head, 3-star"]  # the head ships
     assert missing[0].startswith("draft not available: ") and "python -m speclab.train.smollm2_draft" in missing[0]
 
 
@@ -26,9 +26,9 @@ def test_a_draft_that_resolves_to_a_directory_gets_a_row(monkeypatch):
     monkeypatch.setattr(demo, "DRAFT_NAME", str(checkpoint_dir("draft")))
     rows, _ = demo.real_methods()
     assert rows[1][1] == {"method": "draft_model", "model": str(checkpoint_dir("draft")),
-                          "num_speculative_tokens": 4, "speculative_token_tree": demo.DRAFT_TREE,
+                          "num_speculative_tokens": 3, "speculative_token_tree": "[(0,), (1,), (2,)]",
                           "draft_dtype": demo.DRAFT_DTYPE}  # no token ranking: the whole vocabulary
-    assert demo.DRAFT_TREE == "[(0,), (1,), (2,), (3,)]"  # vLLM's rule: k is the tree's node count
+    assert rows[2][1]["speculative_token_tree"] == "[(0,), (1,), (2,)]" and rows[2][1]["num_speculative_tokens"] == 3  # vLLM's rule: k is the tree's node count
 
 
 def test_the_smollm2_draft_row_scores_the_reduced_vocabulary_where_its_ranking_ships(monkeypatch, tmp_path):
