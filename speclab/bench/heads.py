@@ -3,10 +3,10 @@
 For each prompt set and temperature: plain decoding, n-gram, the draft model (`draft`, or
 `smollm2-draft` for SmolLM2, which also runs over the 8192 tokens the target writes most:
 `draft_vocab_size`, speclab.models.draft_vocab), the heads (EAGLE, EAGLE-3-style, Medusa, MTP on
-the embedded target; EAGLE on SmolLM2), and the trees (lesson 10): EAGLE's static `speculative_token_tree` and
-EAGLE-2 dynamic tree, and on SmolLM2 the draft model's star (its k most likely next tokens), each with as
-many nodes as the chain has drafts, so chain and trees verify the same number of tokens per step. Every row is one LLM; the rows share the target's weights
-(`speclab.llm.shared_weights`). `--repeats` interleaved rounds: in each round every row runs every
+the embedded target; EAGLE on SmolLM2), and the trees (lesson 10): EAGLE's static `speculative_token_tree`
+and EAGLE-2 dynamic tree, and on SmolLM2 the draft model's star (its k most likely next tokens), each with
+as many nodes as the chain has drafts, so chain and trees verify the same number of tokens per step.
+Every row is one LLM; the rows share the target's weights (`speclab.llm.shared_weights`). `--repeats` interleaved rounds: in each round every row runs every
 set once, so drifting load falls on all rows alike; times are medians over the rounds and a
 speedup's range is over the rounds (each against the plain row of its own round).
 
@@ -74,10 +74,11 @@ DYNAMIC_TREES = {6: (3, 3), 8: (3, 4), 12: (4, 4)}  # k -> (speculative_num_step
 # (4 layers and an LM head), where it costs a head one layer; the draft's first token is right 0.3-0.5 of
 # the time and its second rarely, so width pays and depth does not. SmolLM2's draft in bfloat16 over 8192
 # tokens, float32 target, 2 chats per set x 48 tokens, 3 rounds, one thread (Zen 4 EPYC, load 0.5-1.0,
-# 2026-12-07), speedup on edit / codegen / qa / chat: the 3-star 1.29 / 1.23 / 1.13 / 1.20x, the 4-star
-# 1.36 / 1.30 / 1.20 / 1.34x, the 5-star 1.25 / 1.29 / 1.16 / 1.26x, [(0,), (1,), (2,), (0, 0)] 1.29 / 1.12 /
-# 1.11 / 1.25x; in an earlier run EAGLE-2 dynamic trees of 3 and 4 nodes read 1.03-1.08x on qa and chat
-# and the k = 3 chain 0.97 / 0.99x.
+# 2026-12-07), speedup on edit / codegen / qa / chat in one run: the 3-star 1.29 / 1.23 / 1.13 / 1.20x, the
+# 4-star 1.36 / 1.30 / 1.20 / 1.34x, the 5-star 1.25 / 1.29 / 1.16 / 1.26x, [(0,), (1,), (2,), (0, 0)] 1.29 /
+# 1.12 / 1.11 / 1.25x; in the three other runs the 3-star won (1.35-1.43 / 1.26-1.36 / 1.18-1.24 /
+# 1.24-1.36x; the 4-star 1.24-1.25 / 1.21-1.24 / 1.09-1.10 / 1.19-1.21x), EAGLE-2 dynamic trees of 3 and 4
+# nodes read 1.03-1.08x on qa and chat, and the k = 3 chain 0.96-1.08x there (MEASUREMENTS.md).
 
 
 @dataclass
