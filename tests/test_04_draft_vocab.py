@@ -17,9 +17,11 @@ from speclab import stats
 from speclab.models.draft_vocab import RANKING_FILE, ReducedLMHead, kept_tokens, load_ranking, scatter_to_vocab
 from speclab.models.llama import load_llama
 from speclab.proposers.draft_model import DraftModelProposer
+from speclab.proposers.tree_drafting import TreeShape
 from speclab.sampling_params import SamplingParams
 from speclab.spec_config import SpeculativeConfig
 from speclab.train.draft_vocab import coverage, ranking_from_scores, soft_counts
+from speclab.verify.tree import parse_tree, star_literal
 from tests.helpers import run_engine
 from tests.test_06_spec_engine import (N, PROMPT, SIGNIFICANCE, V, exact_joint, make_engine, pair,  # noqa: F401
                                        sample_joint)
@@ -27,8 +29,10 @@ from tests.test_06_spec_engine import (N, PROMPT, SIGNIFICANCE, V, exact_joint, 
 KEPT = torch.tensor([0, 2, 3, 5, 6])  # 5 of the 8 tokens
 
 
-def reduced_proposer(path, k, method="greedy", d2t=KEPT):
-    return DraftModelProposer(load_llama(path), k, num_kv_blocks=4096, block_size=4, sample_method=method, d2t=d2t)
+def reduced_proposer(path, k, method="greedy", d2t=KEPT, tree=None):
+    shape = TreeShape(static=parse_tree(tree)) if tree else None
+    return DraftModelProposer(load_llama(path), k, num_kv_blocks=4096, block_size=4, sample_method=method, d2t=d2t,
+                              tree=shape)
 
 
 # --- the ranking and the kept tokens ------------------------------------------------------------
@@ -130,13 +134,15 @@ def test_the_front_end_loads_the_ranking_shipped_beside_a_draft(tmp_path):
 
 # --- exactness in the engine ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("method", ["greedy", "probabilistic"])
-def test_greedy_speculation_with_a_reduced_vocabulary_equals_plain(pair, method):
+@pytest.mark.parametrize("method, tree", [("greedy", None), ("probabilistic", None), ("greedy", star_literal(4))])
+def test_greedy_speculation_with_a_reduced_vocabulary_equals_plain(pair, method, tree):
+    """Chains, and the draft's star (its k most likely tokens, bench heads' tree for the draft model), whose
+    children are the top-k of the reduced logits: only kept tokens are drafted, and the output is plain's."""
     _, target, draft = pair
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in (1, 4, 9, 17)]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    prop = reduced_proposer(draft, 3, method)
+    prop = reduced_proposer(draft, 3 if tree is None else 4, method, tree=tree)
     drafted = []
     propose = prop.propose
     prop.propose = lambda *a, **kw: [drafted.extend(p.token_ids) or p for p in propose(*a, **kw)]
@@ -145,27 +151,6 @@ def test_greedy_speculation_with_a_reduced_vocabulary_equals_plain(pair, method)
     assert run_engine(eng, prompts, params) == plain
     assert eng.stats.num_accepted_tokens > 0
     assert drafted and set(drafted) <= set(KEPT.tolist())  # only kept tokens are ever drafted
-
-
-def test_a_star_tree_over_a_reduced_vocabulary_equals_plain_and_drafts_kept_tokens_only(pair):
-    """The draft's star (its k most likely tokens, bench heads' tree for the draft model) over d2t: the
-    children are the top-k of the reduced logits, so they are kept tokens, and greedy output stays plain's."""
-    from speclab.proposers.tree_drafting import TreeShape
-    from speclab.verify.tree import parse_tree
-    _, target, draft = pair
-    g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in (1, 5, 11)]
-    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    prop = DraftModelProposer(load_llama(draft), 4, num_kv_blocks=4096, block_size=4, d2t=KEPT,
-                              tree=TreeShape(static=parse_tree("[(0,), (1,), (2,), (3,)]")))
-    drafted = []
-    propose = prop.propose
-    prop.propose = lambda *a, **kw: [drafted.extend(p.token_ids) or p for p in propose(*a, **kw)]
-    plain = run_engine(make_engine(target), prompts, params)
-    eng = make_engine(target, prop)
-    assert run_engine(eng, prompts, params) == plain
-    assert eng.stats.num_accepted_tokens > 0
-    assert drafted and set(drafted) <= set(KEPT.tolist())
 
 
 def test_sampled_drafts_come_from_the_reduced_q(pair):
