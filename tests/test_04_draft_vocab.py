@@ -153,6 +153,13 @@ def test_greedy_speculation_with_a_reduced_vocabulary_equals_plain(pair, method,
     assert drafted and set(drafted) <= set(KEPT.tolist())  # only kept tokens are ever drafted
 
 
+def test_a_tree_wider_than_the_draft_vocabulary_is_refused_with_the_fix(pair):
+    _, _, draft = pair   # KEPT holds 5 tokens: a 6-star would draft a token of probability 0
+    with pytest.raises(ValueError, match="scores only 5 tokens.*larger draft_vocab_size"):
+        reduced_proposer(draft, 6, tree=star_literal(6))
+    reduced_proposer(draft, 5, tree=star_literal(5))  # as wide as the vocabulary: fine
+
+
 def test_sampled_drafts_come_from_the_reduced_q(pair):
     _, target, draft = pair
     prop = reduced_proposer(draft, 2, "probabilistic")

@@ -25,7 +25,8 @@ from speclab.sampling import logits_to_probs
 from speclab.spec_config import SpeculativeConfig
 from speclab.toy import MarkovLM
 from speclab.verify import tree as vtree
-from speclab.verify.tree import TokenTree, chain, from_parents, parse_tree, recursive_rejection_sample, sample_tree
+from speclab.verify.tree import (TokenTree, chain, from_parents, parse_tree, recursive_rejection_sample, sample_tree,
+                                 star_literal)
 
 SIGNIFICANCE = 1e-4
 TREE6 = "[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]"  # vLLM's docs' example
@@ -33,6 +34,12 @@ TREE6 = "[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]"  # vLLM's docs' exampl
 
 # ----------------------------------------------------------------------------------------------
 # The literal
+
+
+def test_a_star_is_k_children_of_the_root():
+    star = parse_tree(star_literal(3))
+    assert star.num_nodes == 3 and star.children[0] == (1, 2, 3) and star.paths() == [(0,), (1,), (2,)]
+    assert star.max_depth == 1 and parse_tree(star_literal(1)).paths() == chain(1).paths()
 
 
 def test_parse_sorts_breadth_first_and_round_trips():

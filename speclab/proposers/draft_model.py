@@ -59,7 +59,7 @@ class DraftModelProposer(Proposer):
                  tree: TreeShape | None = None, d2t: torch.Tensor | None = None):
         check_sample_method(sample_method)
         check_k(num_speculative_tokens)
-        check_tree(tree, num_speculative_tokens, sample_method)
+        check_tree(tree, num_speculative_tokens, sample_method, None if d2t is None else len(d2t))
         self.tree = tree
         self.model = model
         self.logits = model.compute_logits if d2t is None else ReducedLMHead(model.lm_head.weight, d2t)

@@ -51,7 +51,7 @@ class EagleProposer(Proposer):
                  generator: torch.Generator | None = None, tree: TreeShape | None = None):
         check_sample_method(sample_method)
         check_k(num_speculative_tokens)
-        check_tree(tree, num_speculative_tokens, sample_method)
+        check_tree(tree, num_speculative_tokens, sample_method, head.cfg.draft_vocab_size or None)
         self.head = head
         self.tree = tree
         self.num_speculative_tokens = num_speculative_tokens

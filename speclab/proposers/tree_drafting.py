@@ -65,10 +65,17 @@ class TreeShape:
         return max(1, (self.num_steps - 1) * self.topk)
 
 
-def check_tree(tree: TreeShape | None, num_speculative_tokens: int, sample_method: str) -> None:
-    """A drafter's constructor checks its tree: k must be its node count (vLLM's rule), drafts its top-k."""
+def check_tree(tree: TreeShape | None, num_speculative_tokens: int, sample_method: str,
+               vocab_size: int | None = None) -> None:
+    """A drafter's constructor checks its tree: k must be its node count (vLLM's rule), drafts its top-k, and no
+    node has more children than the tokens the drafter scores (`vocab_size`: a reduced draft vocabulary's)."""
     if tree is None:
         return
+    width = tree.topk if tree.static is None else max(len(c) for c in tree.static.children)
+    if vocab_size is not None and width > vocab_size:
+        raise ValueError(f"the tree gives a node {width} children but the drafter scores only {vocab_size} tokens "
+                         f"(its draft vocabulary): the extra children would be tokens of probability 0; use a tree "
+                         f"at most {vocab_size} wide or a larger draft_vocab_size")
     if tree.num_nodes != num_speculative_tokens:
         raise ValueError(f"the tree has {tree.num_nodes} draft nodes and num_speculative_tokens is "
                          f"{num_speculative_tokens}: with a tree, num_speculative_tokens is its node count")

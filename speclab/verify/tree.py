@@ -36,8 +36,8 @@ from functools import cached_property
 
 import torch
 
-__all__ = ["TokenTree", "chain", "star_literal", "parse_tree", "from_parents", "walk", "sample_tree", "recursive_rejection_sample",
-           "draw_children"]
+__all__ = ["TokenTree", "chain", "star_literal", "parse_tree", "from_parents", "walk", "sample_tree",
+           "recursive_rejection_sample", "draw_children"]
 
 FIX = ('write it as vLLM does: a list of paths of child ranks, parents before children, e.g. '
        '"[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]"')
