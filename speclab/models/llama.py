@@ -14,6 +14,7 @@ This is how vLLM runs a ragged batch in one forward.
 import json
 import math
 import mmap
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -397,6 +398,7 @@ class LlamaForCausalLM(nn.Module):
         weights = [m.weight for layer in self.model.layers for m in (*layer.self_attn.children(), *layer.mlp.children())
                    if isinstance(m, nn.Linear)] + [table.weight]
         arena = huge_pages.arena_for(weights) if table.weight.device.type == "cpu" else None
+        del weights  # each layer's old weights are freed as it moves (this list held them all until the end)
         for layer in self.model.layers:
             layer.self_attn.prepare(arena)
             layer.mlp.prepare(arena)
@@ -472,10 +474,52 @@ class LlamaForCausalLM(nn.Module):
         return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * self.lm_head.weight.element_size()
 
 
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                      "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                      "BOOL": torch.bool}
+
+
+def read_safetensors(path) -> dict[str, torch.Tensor]:
+    """A .safetensors file's tensors, each read into memory of its own (the format: an 8-byte little-endian
+    header length, a JSON header of name -> dtype, shape and byte range, then the data). safetensors'
+    `load_file` maps the file instead and hands out tensors that share the mapping: it stays resident until
+    the last of them is freed, so a model whose norms keep theirs holds the whole file beside its weights."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        out = {}
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            if info["dtype"] not in SAFETENSORS_DTYPES:
+                raise ValueError(f"{path}: tensor {name} has dtype {info['dtype']}, which speclab does not load")
+            start, end = info["data_offsets"]
+            t = torch.empty(info["shape"], dtype=SAFETENSORS_DTYPES[info["dtype"]])
+            raw = t.view(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+            if raw.numel() != end - start:
+                raise ValueError(f"{path}: tensor {name} holds {end - start} bytes, its shape and dtype {raw.numel()}")
+            f.seek(8 + n + start)
+            if f.readinto(memoryview(raw.numpy())) != raw.numel():
+                raise ValueError(f"{path} ends inside tensor {name}: the file is truncated")
+            out[name] = t
+    return out
+
+
+@contextmanager
+def uninitialised():
+    """Linear and Embedding modules built inside keep torch.empty's weights, with no page written: for a model
+    whose every weight a checkpoint's is about to replace (transformers' `no_init_weights` does the same). A
+    model built on the meta device would do it too, but its first use imported 900 more modules (150 MB)."""
+    saved = nn.Linear.reset_parameters, nn.Embedding.reset_parameters
+    nn.Linear.reset_parameters = nn.Embedding.reset_parameters = lambda self: None
+    try:
+        yield
+    finally:
+        nn.Linear.reset_parameters, nn.Embedding.reset_parameters = saved
+
+
 def load_llama(path, dtype=torch.float32, device="cpu") -> LlamaForCausalLM:
     """Load a Hugging Face Llama checkpoint directory (config.json + *.safetensors) into speclab's forward."""
-    from safetensors.torch import load_file
-
     path = Path(path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} has no config.json: pass a Hugging Face Llama checkpoint directory")
@@ -485,14 +529,23 @@ def load_llama(path, dtype=torch.float32, device="cpu") -> LlamaForCausalLM:
         raise FileNotFoundError(f"{path} has no .safetensors weights")
     state = {}
     for f in files:
-        state.update(load_file(str(f)))
-    model = LlamaForCausalLM(cfg)
+        state.update(read_safetensors(f))
+    # The checkpoint's tensors become the parameters (assign=True): a model built uninitialised holds no
+    # weights of its own, and prepare() moves them into their fused home layer by layer, handing each layer's
+    # old pages back. Loading SmolLM2 in float32 peaks near one copy of its 540 MB (1.0 GB resident with torch),
+    # where a model built with initialised weights, loaded into from the mapped file and then prepared had held
+    # three at once (1.8 GB; 2026-12-07, a 2-core Zen 4).
+    with uninitialised():
+        model = LlamaForCausalLM(cfg)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    del state
     missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
         raise ValueError(f"{path}: weights do not match a Llama model (missing {missing[:4]}, unexpected {unexpected[:4]})")
+    if cfg.tie_word_embeddings:  # assigning replaced the embedding's parameter: the head shares the new one
+        model.lm_head.weight = model.model.embed_tokens.weight
     model = model.to(dtype=dtype, device=device).eval()
     model.prepare()
     return model
