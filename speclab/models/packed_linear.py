@@ -36,8 +36,10 @@ The packed copy is a second copy of every weight (538 MB for float32 SmolLM2, as
 so where the kernel takes the few-row products it is made only once it pays: after PACK_AFTER calls
 with 17-64 rows (the verify steps of a batch, where it was 11-28 % faster than `F.linear` under
 load on 2026-12-02, and 10-17 % quiet on 2026-12-01), not for a prompt's prefill (a few calls; 5-16 %
-at 96-192 rows, nothing at 256). Until then those calls take `F.linear`: a batch-1 run, a test or a
-lesson never holds the copy (`LLM("smollm2")` resident at 1.0 GB instead of 1.5). bfloat16 follows
+at 96-192 rows, nothing at 256). Until then those calls take `F.linear`: a batch-1 run at one torch thread
+never holds the copy (`LLM("smollm2")` resident at 1.0 GB instead of 1.5); lesson 00's sweep to batch 64
+does (its kernel 0.5 GB higher after it), and so does a run at more threads, whose few rows skip the
+one-thread kernel. bfloat16 follows
 the same rule (its few rows take the kernel's bfloat16 paths). Without the kernel, every product
 beyond one float32 row takes the packed copy, which is made at once.
 
