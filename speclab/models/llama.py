@@ -509,7 +509,9 @@ def read_safetensors(path) -> dict[str, torch.Tensor]:
 def uninitialised():
     """Linear and Embedding modules built inside keep torch.empty's weights, with no page written: for a model
     whose every weight a checkpoint's is about to replace (transformers' `no_init_weights` does the same). A
-    model built on the meta device would do it too, but its first use imported 900 more modules (150 MB)."""
+    model built on the meta device would do it too, but its first use imported 900 more modules (150 MB). It
+    patches the two classes while the model is built, so a Linear built meanwhile in another thread would keep
+    its uninitialised weights too: load models from one thread (the engine, the server and the lessons do)."""
     saved = nn.Linear.reset_parameters, nn.Embedding.reset_parameters
     nn.Linear.reset_parameters = nn.Embedding.reset_parameters = lambda self: None
     try:
