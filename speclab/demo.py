@@ -29,8 +29,8 @@ from speclab.models import smollm2_draft
 from speclab.models.draft_vocab import RANKING_FILE
 from speclab.reference import autoregressive_generate, speculative_generate
 from speclab.timing import machine_info, timed
-from speclab.verify.tree import star_literal
 from speclab.toy import MarkovLM
+from speclab.verify.tree import star_literal
 
 
 def toy_demo(argv=None) -> None:
@@ -112,13 +112,14 @@ DRAFT_HINT = ("train it with `python -m speclab.train.smollm2_draft` (distilled 
               f"then LLM(speculative_config={{'method': 'draft_model', 'model': '{DRAFT_NAME}'}}) finds it")
 EAGLE_HEAD = "eagle-smollm2"   # lesson 08's EAGLE head for SmolLM2, shipped in speclab/checkpoints/heads/
 REAL_NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-DRAFT_K = 3        # both model drafters draft a star: their 3 most likely next tokens side by side, from one
-DRAFT_TREE = star_literal(DRAFT_K)  # drafter forward a step ("[(0,), (1,), (2,)]", lesson 10). Chosen in this
-                   # demo's own measurement (64 tokens, 3 repeats, a Zen 4 EPYC, one thread, bfloat16 drafts,
-                   # 2026-12-07 04:29 UTC, load about 1), edit / codegen / qa / chat: the draft's 3-star 1.41 / 1.32 /
-                   # 1.23 / 1.35x, its 4-star 1.28 / 1.16 / 1.14 / 1.20x, its k = 2 chain 1.26 / 1.19 / 1.08 / 1.21x;
-                   # EAGLE's 3-star 1.53 / 1.45 / 1.37 / 1.45x, its k = 2 chain 1.44 / 1.32 / 1.29 / 1.23x (the demo's
-                   # until then; k = 4 chains were slower for both, their later drafts rarely accepted)
+# Both model drafters draft a star: their 3 most likely next tokens side by side, from one drafter forward a
+# step ("[(0,), (1,), (2,)]", lesson 10). Chosen in this demo's own measurement (64 tokens, 3 repeats, a Zen 4
+# EPYC, one thread, bfloat16 drafts, 2026-12-07 04:29 UTC, load about 1), edit / codegen / qa / chat: the draft's
+# 3-star 1.41 / 1.32 / 1.23 / 1.35x, its 4-star 1.28 / 1.16 / 1.14 / 1.20x, its k = 2 chain 1.26 / 1.19 / 1.08 /
+# 1.21x; EAGLE's 3-star 1.53 / 1.45 / 1.37 / 1.45x, its k = 2 chain 1.44 / 1.32 / 1.29 / 1.23x (the demo's until
+# then; k = 4 chains were slower for both, their later drafts rarely accepted)
+DRAFT_K = 3
+DRAFT_TREE = star_literal(DRAFT_K)
 DRAFT_DTYPE = "bfloat16"  # the model drafters' weights, cache and products (speclab's `draft_dtype`): drafts only
                    # propose, so the output stays the target's; half the bytes a drafted token reads. The
                    # demo's A/B of 02:35 UTC that day, k = 2 chains: EAGLE 1.44 / 1.27 / 1.21 / 1.23x in float32,
