@@ -237,3 +237,41 @@ def test_drafting_logits_are_the_training_logits(tiny, draft_vocab_size):
         outside = torch.ones(V, dtype=torch.bool)
         outside[head.d2t] = False
         assert torch.isneginf(fast[:, outside]).all() and torch.isfinite(fast[:, head.d2t]).all()
+
+
+# ----------------------------------------------------------------------------------------------
+# widening an EAGLE head's MLP (speclab.train.heads --intermediate-size with --init)
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_a_widened_head_drafts_what_it_drafted_and_its_new_units_train(tiny, tmp_path, method):
+    from speclab.train.heads import widen_mlp
+
+    head = random_head(tiny, method, seed=5)
+    I = head.cfg.layer["intermediate_size"]
+    wide = widen_mlp(head, 3 * I, tiny, torch.Generator().manual_seed(0))
+    assert wide.layer.mlp.up_proj.weight.shape[0] == 3 * I and head.layer.mlp.up_proj.weight.shape[0] == I
+    assert wide.layer.mlp.up_proj.weight[I:].abs().sum() > 0  # fresh units, not zeros
+    T = 10
+    tokens = torch.randint(0, V, (1, T), generator=torch.Generator().manual_seed(6))
+    feats = torch.randn(1, T, len(head.cfg.hidden_layers) * tiny.config.hidden_size, generator=torch.Generator().manual_seed(7))
+    args = (tokens, lambda h: h.features(feats), torch.arange(T), ttt_mask(T, 1))
+    with torch.no_grad():
+        g0, _ = head.dense(args[0], args[1](head), *args[2:])
+        g1, _ = wide.eval().dense(args[0], args[1](wide), *args[2:])
+    torch.testing.assert_close(g1, g0, rtol=1e-5, atol=1e-5)
+    cfg = wide.cfg  # the drafting path too: the paged, packed layer with the wider MLP
+    kv = KVCacheManager(8, 4)
+    kv.allocate("r", 0, T)
+    ids, meta = flatten(kv, [("r", tokens[0].tolist(), 0)])
+    f = head.features(feats[0])
+    torch.testing.assert_close(wide(ids, f, meta, wide.allocate_kv_cache(8, 4)),
+                               head(ids, f, meta, head.allocate_kv_cache(8, 4)), rtol=1e-5, atol=1e-5)
+    save_head(wide, tmp_path / "w")
+    assert load_head(tmp_path / "w", tiny).cfg.layer["intermediate_size"] == 3 * I == cfg.layer["intermediate_size"]
+    wide.train()
+    g, _ = wide.dense(args[0], args[1](wide), *args[2:])
+    g.pow(2).sum().backward()
+    assert wide.layer.mlp.down_proj.weight.grad[:, I:].abs().sum() > 0  # the new units receive gradient
+    with pytest.raises(ValueError, match="narrower than the head's"):
+        widen_mlp(head, I - 1, tiny, torch.Generator())

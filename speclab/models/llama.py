@@ -186,11 +186,32 @@ def kv_zeros(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor
     return torch.frombuffer(mmap.mmap(-1, n), dtype=dtype).view(shape)  # the tensor keeps the mapping alive
 
 
+_ROPE: dict = {}  # (head_dim, theta, dtype, device) -> (cos, sin) for positions 0..n-1, grown by doubling
+
+
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotary angles at `positions`: two (N, 1, Dh) tensors (HF Llama's layout)."""
+    """cos and sin of the rotary angles at `positions`: two (N, 1, Dh) tensors (HF Llama's layout).
+
+    Rows of a table computed once per (head_dim, theta, dtype, device) and grown as positions do:
+    building them afresh took about 70 us a call, a gather takes a few (the target's forward, and the
+    EAGLE head's one or two forwards, every step). A position's row is the same whatever batch it
+    comes in."""
+    if positions.numel() == 0:
+        return (torch.empty(0, 1, head_dim, dtype=dtype, device=positions.device),) * 2
+    key = (head_dim, theta, dtype, positions.device)
+    need = int(positions.max()) + 1
+    table = _ROPE.get(key)
+    if table is None or table[0].shape[0] < need:
+        table = _ROPE[key] = _rope_rows(max(4096, 1 << (need - 1).bit_length()), head_dim, theta, dtype, positions.device)
+    return table[0].index_select(0, positions), table[1].index_select(0, positions)
+
+
+@torch.inference_mode(False)  # ordinary tensors, made in a drafting step or not, usable by training's autograd too
+def _rope_rows(n: int, head_dim: int, theta: float, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """rope_tables' table: cos and sin at positions 0..n-1, (n, 1, Dh) each."""
     half = head_dim // 2
-    inv_freq = 1.0 / theta ** (torch.arange(0, half, dtype=torch.float32, device=positions.device) / half)
-    angles = positions.float()[:, None] * inv_freq[None, :]  # (N, Dh/2)
+    inv_freq = 1.0 / theta ** (torch.arange(0, half, dtype=torch.float32, device=device) / half)
+    angles = torch.arange(n, dtype=torch.float32, device=device)[:, None] * inv_freq[None, :]  # (n, Dh/2)
     return (torch.cat([angles.cos()] * 2, -1)[:, None, :].to(dtype),
             torch.cat([angles.sin()] * 2, -1)[:, None, :].to(dtype))
 

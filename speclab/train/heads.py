@@ -38,6 +38,7 @@ waits for the helper's last shards, then trains:
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -526,6 +527,31 @@ def frequent_tokens(items, V: int, n: int) -> torch.Tensor:
 
 
 @torch.no_grad()
+def widen_mlp(head, intermediate_size: int, target, gen: torch.Generator):
+    """The EAGLE head `head` with its decoder layer's MLP widened to `intermediate_size`, computing the
+    same function (Net2Net's idea, Chen et al. 2016): the new units' gate and up rows start as a fresh
+    Linear's, their down_proj columns at zero, so they add nothing until training moves them.
+    Every other weight is copied. Returns a new head (train mode)."""
+    old = head.cfg.layer["intermediate_size"]
+    if intermediate_size < old:
+        raise ValueError(f"--intermediate-size {intermediate_size}: narrower than the head's {old}; "
+                         f"widening keeps every trained unit")
+    cfg = copy.deepcopy(head.cfg)
+    cfg.layer["intermediate_size"] = intermediate_size
+    wide = build_head(cfg, target).to(head.fc.weight.dtype)
+    state = head.state_dict()
+    with torch.no_grad():
+        for name in ("gate_proj", "up_proj"):
+            w = getattr(wide.layer.mlp, name).weight  # (I_new, d): fresh rows below the copied ones
+            bound = 1 / math.sqrt(w.shape[1])
+            w[old:] = torch.empty_like(w[old:]).uniform_(-bound, bound, generator=gen)
+            state[f"layer.mlp.{name}.weight"] = torch.cat([state[f"layer.mlp.{name}.weight"], w[old:]])
+        down = state["layer.mlp.down_proj.weight"]  # (d, I): zero columns for the new units
+        state["layer.mlp.down_proj.weight"] = torch.cat([down, down.new_zeros(down.shape[0], intermediate_size - old)], 1)
+    wide.load_state_dict(state)
+    return wide.train()
+
+
 def identity_init(head) -> None:
     """Start with g ~ f_t (the feature passed through; the top layer picked out of a fusion): the
     residual stream changes little from one position to the next, so regression starts near its goal."""
@@ -588,8 +614,12 @@ def _new_head(args, target, stored: tuple[int, ...], data: dict, log):
     layers = tuple(map(int, args.hidden_layers.split(","))) if args.hidden_layers else None
     if layers and not set(layers) <= set(stored):
         raise ValueError(f"--hidden-layers {args.hidden_layers}: the cached hidden states hold layers {stored}")
+    wide = getattr(args, "intermediate_size", None)
+    if wide and args.method not in ("eagle", "eagle3"):
+        raise ValueError(f"--intermediate-size is for an EAGLE head's decoder layer, not {args.method}")
     cfg = new_config(args.method, target, name=args.target, hidden_layers=layers,
-                     num_heads=args.medusa_heads if args.method == "medusa" else 0, draft_vocab_size=args.draft_vocab or None)
+                     num_heads=args.medusa_heads if args.method == "medusa" else 0, draft_vocab_size=args.draft_vocab or None,
+                     intermediate_size=wide)
     head = build_head(cfg, target)
     earlier = None
     if args.init:  # continue an earlier run of the same method and target
@@ -597,6 +627,10 @@ def _new_head(args, target, stored: tuple[int, ...], data: dict, log):
         head = load_head(args.init, target, method=args.method).train()
         earlier = json.loads((Path(args.init) / "MANIFEST.json").read_text())
         log(f"continuing {args.init} after its {earlier['steps']} steps")
+        if wide and wide != head.cfg.layer["intermediate_size"]:
+            log(f"MLP widened from {head.cfg.layer['intermediate_size']} to {wide}, drafting as before")
+            head = widen_mlp(head, wide, target, torch.Generator().manual_seed(args.seed))
+        cfg = head.cfg
     elif args.draft_vocab:
         head.d2t.copy_(frequent_tokens(data["train"], target.config.vocab_size, args.draft_vocab))
     if args.method in ("eagle", "eagle3") and not args.init:
@@ -720,6 +754,7 @@ def _reproduce(args, fit: _Fit, earlier: dict | None, teacher_answers: int | Non
            + (f" --teacher-share {args.teacher_share}" if args.teacher_share is not None else "")
            + (f" --teacher-answers {teacher_answers}" if teacher_answers else "")
            + (f" --layer-init {args.layer_init}" if args.layer_init is not None else "")
+           + (f" --intermediate-size {args.intermediate_size}" if getattr(args, "intermediate_size", None) else "")
            + (f" --threads {args.threads}" if args.threads else ""))  # threads change the float rounding
     if earlier:  # a continued run: its reproduction is the earlier command, then this one with --init
         cmd = f"{earlier['reproduce']} && {cmd.replace(f'--steps {step} ', f'--steps {step} --init {args.init} ')}"
@@ -816,6 +851,9 @@ def main(argv=None):
                          "first 1152, the set as it was before it grew)")
     ap.add_argument("--hidden-layers", default=None,
                     help="target layers the head reads, e.g. 8 or 2,4,8 (default: the method's; the fusion ablation)")
+    ap.add_argument("--intermediate-size", type=int, default=None,
+                    help="eagle/eagle3: the decoder layer's MLP width (default: the target's); with --init, "
+                         "the earlier head's MLP is widened to it, computing the same function at the start")
     ap.add_argument("--layer-init", type=int, default=None,
                     help="eagle/eagle3: start the head's decoder layer from this target layer (default: random)")
     return run(ap.parse_args(argv))

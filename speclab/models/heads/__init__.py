@@ -93,15 +93,17 @@ def build_head(cfg: HeadConfig, target):
 
 
 def new_config(method: str, target, name: str | None = None, hidden_layers=None, num_heads: int = 0,
-               draft_vocab_size: int | None = None) -> HeadConfig:
+               draft_vocab_size: int | None = None, intermediate_size: int | None = None) -> HeadConfig:
     """The config of a new head for `target`: EAGLE and MTP read the last layer, EAGLE-3-style fusion
-    a low, a middle and the last layer; the decoder layer has the target's own layer dims."""
+    a low, a middle and the last layer; the decoder layer has the target's own layer dims, except its
+    MLP's width where `intermediate_size` is given (more capacity, for more weights read at each
+    drafting step)."""
     c = target.config
     L = c.num_hidden_layers
     if hidden_layers is None:
         hidden_layers = (2, L // 2, L) if method == "eagle3" else (L,)
     layer = {} if method == "medusa" else {
-        "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+        "hidden_size": c.hidden_size, "intermediate_size": intermediate_size or c.intermediate_size,
         "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
         "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta}
     return HeadConfig(method, target_signature(target, name), tuple(hidden_layers), layer, num_heads, draft_vocab_size)
