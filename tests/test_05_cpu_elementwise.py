@@ -109,6 +109,22 @@ def rope_case(rows=5, H=9, Hkv=3, Dh=64, slots=40, seed=0, dtype=torch.float32):
     return qkv, cos, sin, slot_mapping, caches
 
 
+def test_rope_tables_are_the_angles_cos_and_sin_at_any_position():
+    """The table behind rope_tables grows past its first 4096 positions and gives each position the row
+    the formula gives (HF Llama's: inv_freq = theta^(-2i/Dh), the halves repeated)."""
+    Dh, theta = 64, 12345.0
+    positions = torch.tensor([0, 7, 4095, 4096, 9000, 7])
+    inv = 1.0 / theta ** (torch.arange(0, Dh // 2, dtype=torch.float32) / (Dh // 2))
+    angles = positions.float()[:, None] * inv[None, :]
+    for dtype in (torch.float32, torch.bfloat16):
+        cos, sin = llama.rope_tables(positions, Dh, theta, dtype)
+        assert cos.shape == sin.shape == (6, 1, Dh) and cos.dtype == dtype
+        torch.testing.assert_close(cos[:, 0], torch.cat([angles.cos()] * 2, -1).to(dtype), rtol=0, atol=2e-6)
+        torch.testing.assert_close(sin[:, 0], torch.cat([angles.sin()] * 2, -1).to(dtype), rtol=0, atol=2e-6)
+        assert torch.equal(cos[1], cos[5])
+    assert llama.rope_tables(torch.tensor([], dtype=torch.long), Dh, theta, torch.float32)[0].shape == (0, 1, Dh)
+
+
 def torch_rope_cache(qkv, cos, sin, slot_mapping, k_cache, v_cache, H, Hkv):
     """What llama.Attention does without the kernel."""
     N, Dh = qkv.shape[0], k_cache.shape[-1]

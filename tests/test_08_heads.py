@@ -260,15 +260,14 @@ def test_a_widened_head_drafts_what_it_drafted_and_its_new_units_train(tiny, tmp
         g0, _ = head.dense(args[0], args[1](head), *args[2:])
         g1, _ = wide.eval().dense(args[0], args[1](wide), *args[2:])
     torch.testing.assert_close(g1, g0, rtol=1e-5, atol=1e-5)
-    cfg = wide.cfg  # the drafting path too: the paged, packed layer with the wider MLP
-    kv = KVCacheManager(8, 4)
+    kv = KVCacheManager(8, 4)  # the drafting path too: the paged, packed layer with the wider MLP
     kv.allocate("r", 0, T)
     ids, meta = flatten(kv, [("r", tokens[0].tolist(), 0)])
     f = head.features(feats[0])
     torch.testing.assert_close(wide(ids, f, meta, wide.allocate_kv_cache(8, 4)),
                                head(ids, f, meta, head.allocate_kv_cache(8, 4)), rtol=1e-5, atol=1e-5)
     save_head(wide, tmp_path / "w")
-    assert load_head(tmp_path / "w", tiny).cfg.layer["intermediate_size"] == 3 * I == cfg.layer["intermediate_size"]
+    assert load_head(tmp_path / "w", tiny).cfg.layer["intermediate_size"] == 3 * I
     wide.train()
     g, _ = wide.dense(args[0], args[1](wide), *args[2:])
     g.pow(2).sum().backward()
