@@ -540,18 +540,18 @@ def widen_mlp(head, intermediate_size: int, target, gen: torch.Generator):
     cfg.layer["intermediate_size"] = intermediate_size
     wide = build_head(cfg, target).to(head.fc.weight.dtype)
     state = head.state_dict()
-    with torch.no_grad():
-        for name in ("gate_proj", "up_proj"):
-            w = getattr(wide.layer.mlp, name).weight  # (I_new, d): fresh rows below the copied ones
-            bound = 1 / math.sqrt(w.shape[1])
-            w[old:] = torch.empty_like(w[old:]).uniform_(-bound, bound, generator=gen)
-            state[f"layer.mlp.{name}.weight"] = torch.cat([state[f"layer.mlp.{name}.weight"], w[old:]])
-        down = state["layer.mlp.down_proj.weight"]  # (d, I): zero columns for the new units
-        state["layer.mlp.down_proj.weight"] = torch.cat([down, down.new_zeros(down.shape[0], intermediate_size - old)], 1)
+    for name in ("gate_proj", "up_proj"):
+        w = getattr(wide.layer.mlp, name).weight  # (I_new, d): fresh rows below the copied ones
+        bound = 1 / math.sqrt(w.shape[1])
+        w[old:] = torch.empty_like(w[old:]).uniform_(-bound, bound, generator=gen)
+        state[f"layer.mlp.{name}.weight"] = torch.cat([state[f"layer.mlp.{name}.weight"], w[old:]])
+    down = state["layer.mlp.down_proj.weight"]  # (d, I): zero columns for the new units
+    state["layer.mlp.down_proj.weight"] = torch.cat([down, down.new_zeros(down.shape[0], intermediate_size - old)], 1)
     wide.load_state_dict(state)
     return wide.train()
 
 
+@torch.no_grad()
 def identity_init(head) -> None:
     """Start with g ~ f_t (the feature passed through; the top layer picked out of a fusion): the
     residual stream changes little from one position to the next, so regression starts near its goal."""
