@@ -255,11 +255,12 @@ def test_a_widened_head_drafts_what_it_drafted_and_its_new_units_train(tiny, tmp
     T = 10
     tokens = torch.randint(0, V, (1, T), generator=torch.Generator().manual_seed(6))
     feats = torch.randn(1, T, len(head.cfg.hidden_layers) * tiny.config.hidden_size, generator=torch.Generator().manual_seed(7))
-    args = (tokens, lambda h: h.features(feats), torch.arange(T), ttt_mask(T, 1))
+
+    def dense(h):  # the training path: (1, T, d)
+        return h.dense(tokens, h.features(feats), torch.arange(T), ttt_mask(T, 1))[0]
+
     with torch.no_grad():
-        g0, _ = head.dense(args[0], args[1](head), *args[2:])
-        g1, _ = wide.eval().dense(args[0], args[1](wide), *args[2:])
-    torch.testing.assert_close(g1, g0, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(dense(wide), dense(head), rtol=1e-5, atol=1e-5)
     kv = KVCacheManager(8, 4)  # the drafting path too: the paged, packed layer with the wider MLP
     kv.allocate("r", 0, T)
     ids, meta = flatten(kv, [("r", tokens[0].tolist(), 0)])
@@ -268,9 +269,7 @@ def test_a_widened_head_drafts_what_it_drafted_and_its_new_units_train(tiny, tmp
                                head(ids, f, meta, head.allocate_kv_cache(8, 4)), rtol=1e-5, atol=1e-5)
     save_head(wide, tmp_path / "w")
     assert load_head(tmp_path / "w", tiny).cfg.layer["intermediate_size"] == 3 * I
-    wide.train()
-    g, _ = wide.dense(args[0], args[1](wide), *args[2:])
-    g.pow(2).sum().backward()
+    dense(wide).pow(2).sum().backward()
     assert wide.layer.mlp.down_proj.weight.grad[:, I:].abs().sum() > 0  # the new units receive gradient
     with pytest.raises(ValueError, match="narrower than the head's"):
         widen_mlp(head, I - 1, tiny, torch.Generator())
