@@ -23,7 +23,7 @@ from speclab.engine.request import RequestFailedError
 from speclab.metrics import metrics_list, prometheus_text
 from speclab.models.hub import model_directory
 from speclab.models.llama import load_llama
-from speclab.proposers import METHODS
+from speclab.proposers import make_proposer
 from speclab.sampling_params import SamplingParams
 from speclab.spec_config import SpeculativeConfig
 
@@ -162,7 +162,7 @@ class LLM:
         if spec is not None:  # the registry builds it: one line per method in speclab.proposers.METHODS
             context = ProposerContext(self.model, model, self.tokenizer, dtype, device, block_size, num_kv_blocks,
                                       max_num_seqs)
-            proposer = METHODS[spec.method](spec, context)
+            proposer = make_proposer(spec, context)
             config = dataclasses.replace(config, num_lookahead_tokens=proposer.num_lookahead_tokens)
         self.speculative_config = spec
         self.engine = LLMEngine(self.model, config, proposer=proposer,

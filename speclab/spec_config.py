@@ -21,6 +21,7 @@ replaced `disable_by_batch_size`, which did nothing in vLLM v1 and was removed (
 is refused with the replacement. `adaptive` (speclab's own key) picks k each step from live measurements.
 """
 
+import dataclasses
 import re
 import warnings
 from dataclasses import dataclass, fields
@@ -28,6 +29,7 @@ from dataclasses import dataclass, fields
 from speclab.engine.proposer import SAMPLE_METHODS as DRAFT_SAMPLE_METHODS
 from speclab.engine.spec_policy import AdaptivePolicy, BatchSizeSchedule, SpecPolicy
 from speclab.models.heads import head_method
+from speclab.proposers import GRAFT_METHODS
 from speclab.proposers import METHODS as PROPOSERS
 from speclab.proposers import suffix
 from speclab.verify import LOSSY_RULES, get_rule
@@ -73,6 +75,10 @@ class SpeculativeConfig:
             tree, SGLang's knobs (depth, branching, verified tokens including the root: all three, and
             num_speculative_tokens = speculative_num_draft_tokens - 1). Trees verify exactly with
             recursive rejection sampling (speclab.verify.tree), so they need the "standard" rule.
+        graft_method: speclab's key: "ngram" or "suffix" grafts that lookup's draft into the tree as one
+            more branch (speclab.proposers.graft); num_speculative_tokens is then the verified budget, the
+            tree's nodes plus the lookup's tokens, and the lookup's own keys (prompt_lookup_*,
+            suffix_decoding_*) apply to it. None: the tree alone.
     """
 
     method: str | None = None
@@ -94,6 +100,7 @@ class SpeculativeConfig:
     speculative_num_steps: int | None = None
     speculative_eagle_topk: int | None = None
     speculative_num_draft_tokens: int | None = None
+    graft_method: str | None = None
 
     @classmethod
     def from_dict(cls, d: dict) -> "SpeculativeConfig":
@@ -141,6 +148,7 @@ class SpeculativeConfig:
             raise ValueError(f"draft_sample_method must be one of {DRAFT_SAMPLE_METHODS}, got {self.draft_sample_method!r}")
         self._validate_dynamic()
         self._validate_tree()
+        self._validate_graft()
         self._validate_draft_vocab()
         self._validate_draft_dtype()
         if self.method == "ngram":
@@ -168,7 +176,7 @@ class SpeculativeConfig:
                              f"be 'standard', got {self.rejection_sample_method!r}")
         if self.speculative_token_tree is not None:
             n = parse_tree(self.speculative_token_tree).num_nodes  # a clear error for what is not a tree
-            if n != self.num_speculative_tokens:
+            if n != self.num_speculative_tokens and self.graft_method is None:
                 raise ValueError(f"speculative_token_tree has {n} nodes and num_speculative_tokens is "
                                  f"{self.num_speculative_tokens}: they must be equal (vLLM's rule; set "
                                  f"num_speculative_tokens to {n})")
@@ -179,12 +187,49 @@ class SpeculativeConfig:
                 if isinstance(v, bool) or not isinstance(v, int) or v < (2 if key == "speculative_num_draft_tokens" else 1):
                     raise ValueError(f"{key} must be an integer >= {2 if key == 'speculative_num_draft_tokens' else 1}, "
                                      f"got {v!r}")
-            if self.speculative_num_draft_tokens - 1 != self.num_speculative_tokens:
+            if self.speculative_num_draft_tokens - 1 != self.num_speculative_tokens and self.graft_method is None:
                 raise ValueError(f"speculative_num_draft_tokens={self.speculative_num_draft_tokens} counts the root: "
                                  f"num_speculative_tokens must be {self.speculative_num_draft_tokens - 1}")
         if self.draft_sample_method != "greedy":
             raise ValueError("a tree's children are the drafter's top-k: draft_sample_method must be 'greedy' "
                              "(verification still samples exactly at any temperature)")
+
+    @property
+    def tree_nodes(self) -> int | None:
+        """The draft tree's nodes (static or dynamic), None for a chain."""
+        if self.speculative_token_tree is not None:
+            return parse_tree(self.speculative_token_tree).num_nodes
+        return None if self.speculative_num_draft_tokens is None else self.speculative_num_draft_tokens - 1
+
+    def grafted_parts(self) -> tuple["SpeculativeConfig", "SpeculativeConfig"]:
+        """With graft_method: (the drafter's config, k = its tree's nodes; the lookup's, k = the rest of the
+        budget and its own keys), each checked."""
+        nodes = self.tree_nodes
+        alone = dict(graft_method=None, adaptive=False, num_speculative_tokens_per_batch_size=None)  # the policy is the whole's
+        drafter = dataclasses.replace(self, num_speculative_tokens=nodes, **alone)
+        lookup = dataclasses.replace(
+            self, method=self.graft_method, num_speculative_tokens=self.num_speculative_tokens - nodes, model=None,
+            draft_dtype=None, draft_vocab_size=None, speculative_token_tree=None, speculative_num_steps=None,
+            speculative_eagle_topk=None, speculative_num_draft_tokens=None, **alone)
+        drafter.validate()
+        lookup.validate()
+        return drafter, lookup
+
+    def _validate_graft(self) -> None:
+        if self.graft_method is None:
+            return
+        if self.graft_method not in GRAFT_METHODS:
+            raise ValueError(f"graft_method must be one of {GRAFT_METHODS} (a lookup whose draft joins the tree), "
+                             f"got {self.graft_method!r}")
+        nodes = self.tree_nodes
+        if nodes is None:
+            raise ValueError(f"graft_method adds the lookup's draft to a model drafter's tree: give "
+                             f"'speculative_token_tree' (a chain of 3 is \"[(0,), (0, 0), (0, 0, 0)]\") or the "
+                             f"dynamic tree's keys, with a method in {TREE_METHODS}")
+        if self.num_speculative_tokens <= nodes:
+            raise ValueError(f"with graft_method, num_speculative_tokens is the verified budget: the tree's {nodes} "
+                             f"nodes plus the lookup's tokens; set it above {nodes} (e.g. {nodes + 3} grafts up to 3)")
+        self.grafted_parts()  # the lookup's keys, checked as its method checks them
 
     def _validate_draft_vocab(self) -> None:
         v = self.draft_vocab_size

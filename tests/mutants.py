@@ -69,3 +69,17 @@ MUTANTS = {
     "one_uniform_for_all": one_uniform_for_all,
     "accept_if_p_ge_q": accept_if_p_ge_q,
 }
+
+
+def sample_tree_without_removal(tree, tokens, probs, generator):
+    """MUTANT of `speclab.verify.tree.sample_tree` (a tree walk, not a chain verifier): tests every sibling
+    against the original p (no mass removed after a rejection)."""
+    node, path = 0, []
+    while True:
+        p = probs[node].double()
+        nxt = next((c for c in tree.children[node]
+                    if float(torch.rand((), generator=generator, dtype=torch.float64)) < float(p[tokens[c - 1]])), None)
+        if nxt is None:
+            return path, [tokens[c - 1] for c in path] + [int(torch.multinomial(p, 1, generator=generator))]
+        path.append(nxt)
+        node = nxt

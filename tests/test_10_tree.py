@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from helpers import run_engine, tiny_llama
+from mutants import sample_tree_without_removal
 from speclab import LLM, SamplingParams, stats
 from speclab.engine.llm_engine import LLMEngine
 from speclab.engine.model_runner import ModelRunner
@@ -105,19 +106,6 @@ def loop_counts_tree(verify, target: MarkovLM, draft: MarkovLM, tree: TokenTree,
             last = seq[-1]
         counts[sum(t * V ** (L - 1 - j) for j, t in enumerate(seq[:L]))] += 1
     return counts
-
-
-def sample_tree_without_removal(tree, tokens, probs, generator):
-    """MUTANT: tests every sibling against the original p (no mass removed after a rejection)."""
-    node, path = 0, []
-    while True:
-        p = probs[node].double()
-        nxt = next((c for c in tree.children[node]
-                    if float(torch.rand((), generator=generator, dtype=torch.float64)) < float(p[tokens[c - 1]])), None)
-        if nxt is None:
-            return path, [tokens[c - 1] for c in path] + [int(torch.multinomial(p, 1, generator=generator))]
-        path.append(nxt)
-        node = nxt
 
 
 @pytest.mark.parametrize("verify, exact", [(sample_tree, True), (sample_tree_without_removal, False)])

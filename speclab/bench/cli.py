@@ -30,7 +30,7 @@ import torch
 from speclab import roofline, stats
 from speclab.bench.attention import main as attention_main
 from speclab.bench.gemm import main as gemm_main
-from speclab.bench.heads import bench_heads
+from speclab.bench.heads import GRAFT_TOKENS, bench_heads
 from speclab.bench.prompts import REAL_SETS, find_draft, is_real, prompt_ids
 from speclab.bench.serve_vs_vllm import main as serve_vs_vllm_main
 from speclab.bench.verify_cost import main as verify_cost_main
@@ -325,6 +325,9 @@ def main(argv=None) -> None:
                          "configuration of each method is printed and written")
     ap.add_argument("--head-methods", nargs="+", default=None, choices=["ngram", "draft_model", *HEAD_METHODS],
                     help="heads: only these methods' rows, beside plain decoding (default: every one)")
+    ap.add_argument("--graft-tokens", type=int, default=GRAFT_TOKENS,
+                    help="heads: EAGLE's static tree and the draft's star once more with an n-gram chain of up to this "
+                         f"many tokens grafted in (graft_method, lesson 10; default {GRAFT_TOKENS}, 0: no such rows)")
     ap.add_argument("--eagle-heads", nargs="+", default=None,
                     help="heads: run every EAGLE row with each of these heads (names under speclab/checkpoints/heads "
                          "or directories; default: the target's shipped head), to compare a newly trained one")
@@ -333,6 +336,8 @@ def main(argv=None) -> None:
                          "(speculative_config's draft_dtype; default: the target's dtype), e.g. float32 bfloat16")
     ap.add_argument("--json", default=None, help="heads: write the rows as JSON to this path")
     args = ap.parse_args(argv)
+    if args.graft_tokens < 0:
+        ap.error(f"--graft-tokens must be >= 0 (0: no grafted rows), got {args.graft_tokens}")
     torch.set_num_threads(args.threads)
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # "Loading weights" bars would interleave with the tables

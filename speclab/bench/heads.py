@@ -69,6 +69,14 @@ STATIC_TREES = {2: "[(0,), (1,)]", 3: "[(0,), (1,), (2,)]", 4: "[(0,), (1,), (2,
                 8: "[(0,), (1,), (2,), (3,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]",
                 12: "[(0,), (1,), (2,), (3,), (0, 0), (0, 1), (1, 0), (2, 0), (0, 0, 0), (0, 2), (1, 1), (0, 1, 0)]"}
 DYNAMIC_TREES = {6: (3, 3), 8: (3, 4), 12: (4, 4)}  # k -> (speculative_num_steps, speculative_eagle_topk); else (k - 1, 2)
+# A lookup grafted into a tree (`graft_method`, speclab.proposers.graft): EAGLE's static tree and the draft's
+# star, each with up to GRAFT_TOKENS prompt-lookup tokens (n-gram sizes 3 down to 1, as the n-gram row) as one
+# more branch. Chosen by replaying EAGLE's 3-star at every position of plain greedy decoding (12 held-out chats
+# per set x 48 tokens, 2026-12-07, Zen 4) and pricing each step with `bench verify-cost`'s v_n: grafting 2, 3
+# or 4 tokens gave tau 2.55 / 3.09 / 3.38 on edit and 1.55 / 1.57 / 1.57 on chat, 3 the best priced on qa
+# and chat; a match length of at least 2 before a new branch, or dropping the star's third child when the
+# chain takes a new branch, priced within 3 % of grafting every lookup, so the rule stays the simplest one.
+GRAFT_TOKENS = 3
 # The draft model drafts a star: its k most likely next tokens, all at depth 1
 # (`speclab.verify.tree.star_literal`). Each depth of a tree costs the draft a forward of the whole model
 # (4 layers and an LM head), where it costs a head one layer; the draft's first token is right 0.3-0.5 of
@@ -91,13 +99,22 @@ class Row:
     spec: dict | None
     head: str | None = None  # an EAGLE row's head directory or name, when not the target's shipped one
     draft_dtype: str | None = None  # a model drafter's dtype when set apart from the target's (draft_dtype)
+    graft_tokens: int = 0  # prompt-lookup tokens grafted into its tree (graft_method "ngram"); k counts them
+
+
+def grafted(r: Row, m: int) -> Row:
+    """The tree row r with an n-gram chain of up to m tokens grafted in: k becomes the verified budget."""
+    return Row(r.method, r.k + m, r.tree, {**r.spec, "num_speculative_tokens": r.k + m, "graft_method": "ngram",
+                                            "prompt_lookup_max": 3, "prompt_lookup_min": 1}, r.head, r.draft_dtype, m)
 
 
 def rows_for(real: bool, k: int, temperature: float, draft: str, methods=None, eagle_heads=None,
-             draft_dtypes=None) -> list[Row]:
+             draft_dtypes=None, graft_tokens: int = GRAFT_TOKENS) -> list[Row]:
     """The rows at one k. `eagle_heads`: EAGLE heads to compare (names or directories; None: the shipped one),
     each in every EAGLE row (chain, static tree, dynamic tree). `draft_dtypes`: every model drafter's row
-    once per dtype ("float32", "bfloat16": speculative_config's draft_dtype; None: the target's)."""
+    once per dtype ("float32", "bfloat16": speculative_config's draft_dtype; None: the target's).
+    `graft_tokens` m > 0: EAGLE's static tree and the draft's star once more with an n-gram chain of up to m
+    tokens grafted in (their k is then k + m, the verified budget)."""
     sample = "greedy" if temperature == 0 else "probabilistic"
     rows = [Row("none", 0, None, None),
             Row("ngram", k, None, {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3,
@@ -109,17 +126,20 @@ def rows_for(real: bool, k: int, temperature: float, draft: str, methods=None, e
                                                  "draft_sample_method": sample, "draft_vocab_size": DRAFT_VOCAB}))
     heads = ("eagle",) if real else EMBEDDED_METHODS[2:]
     rows += [Row(m, k, None, {"method": m, "num_speculative_tokens": k, "draft_sample_method": sample}) for m in heads]
-    rows += eagle_trees(k)
+    trees = eagle_trees(k)
     if real:  # the draft model's star too, over its 8192-token vocabulary (its fastest chain's)
-        rows.append(Row("draft_model", k, star_literal(k), {"method": "draft_model", "model": draft,
-                                                            "num_speculative_tokens": k, "draft_vocab_size": DRAFT_VOCAB,
-                                                            "speculative_token_tree": star_literal(k)}))
+        trees.append(Row("draft_model", k, star_literal(k), {"method": "draft_model", "model": draft,
+                                                             "num_speculative_tokens": k, "draft_vocab_size": DRAFT_VOCAB,
+                                                             "speculative_token_tree": star_literal(k)}))
+    static = [r for r in trees if r.spec.get("speculative_token_tree")]
+    rows += trees + ([grafted(r, graft_tokens) for r in static] if graft_tokens else [])
     if eagle_heads:  # every EAGLE row once per head
         rows = [r for r in rows if r.method != "eagle"] + [
-            Row(r.method, r.k, r.tree, {**r.spec, "model": h}, h) for h in eagle_heads for r in rows if r.method == "eagle"]
+            Row(r.method, r.k, r.tree, {**r.spec, "model": h}, h, r.draft_dtype, r.graft_tokens)
+            for h in eagle_heads for r in rows if r.method == "eagle"]
     if draft_dtypes:  # the model drafters once per dtype (n-gram has no weights)
         rows = [r for r in rows if r.method in ("none", "ngram")] + [
-            Row(r.method, r.k, r.tree, {**r.spec, "draft_dtype": d}, r.head, d)
+            Row(r.method, r.k, r.tree, {**r.spec, "draft_dtype": d}, r.head, d, r.graft_tokens)
             for r in rows if r.method not in ("none", "ngram") for d in draft_dtypes]
     return [r for r in rows if methods is None or r.method in methods or r.method == "none"]  # plain: the baseline
 
@@ -140,9 +160,10 @@ def eagle_trees(k: int) -> list[Row]:
 
 
 def rows_for_ks(real: bool, ks: list[int], temperature: float, draft: str, methods=None, eagle_heads=None,
-                draft_dtypes=None) -> list[Row]:
+                draft_dtypes=None, graft_tokens: int = GRAFT_TOKENS) -> list[Row]:
     """One plain row, then every k's speculative rows (`rows_for`), all measured in the same rounds."""
-    return [r for i, k in enumerate(ks) for r in rows_for(real, k, temperature, draft, methods, eagle_heads, draft_dtypes)
+    return [r for i, k in enumerate(ks)
+            for r in rows_for(real, k, temperature, draft, methods, eagle_heads, draft_dtypes, graft_tokens)
             if i == 0 or r.spec is not None]
 
 
@@ -244,13 +265,15 @@ def bench_heads(args) -> None:
     table = []
     with shared_weights():
         plain = LLM(args.target, max_num_seqs=4, kv_cache_gb=0.25, dtype=dtype)
-        v = {k: forward_seconds(plain.model, tokens=k + 1) / forward_seconds(plain.model) for k in ks}
+        graft_tokens = getattr(args, "graft_tokens", GRAFT_TOKENS)
+        budgets = sorted({*ks, *(k + graft_tokens for k in ks if graft_tokens)})  # a grafted row's k: tree + chain
+        v = {k: forward_seconds(plain.model, tokens=k + 1) / forward_seconds(plain.model) for k in budgets}
         print("a (k + 1)-token target forward costs v_k decode steps (pred = tau / (v_k + k c)): "
-              + ", ".join(f"v_{k} = {v[k]:.2f}" for k in ks))
+              + ", ".join(f"v_{k} = {v[k]:.2f}" for k in budgets))
         del plain
         for temperature in args.temperatures:
             rows = rows_for_ks(real, ks, temperature, args.draft, getattr(args, "head_methods", None),
-                               getattr(args, "eagle_heads", None), getattr(args, "draft_dtypes", None))
+                               getattr(args, "eagle_heads", None), getattr(args, "draft_dtypes", None), graft_tokens)
             cells = measure(rows, prompt_sets, temperature, args, real)
             print(f"\n{'set':<8}{'T':>3} {'method':<12}{'k':>3} {'tree':<34}{'tok/s':>7}{'speedup':>20}{'decode':>20}"
                   f"{'pred':>7}{'c':>7}{'rate':>6}{'tau':>6} {'same':>5}  acceptance per position")
@@ -280,11 +303,13 @@ def best_rows(table: list[dict]) -> list[dict]:
     for r in table:
         if r["method"] == "none":
             continue
-        key = (r["set"], r["temperature"], r["method"], r.get("head"))  # best over k, trees, vocabularies, draft dtypes
+        # best over k, trees, vocabularies, draft dtypes; a drafter with a grafted lookup apart from it alone
+        key = (r["set"], r["temperature"], r["method"], r.get("head"), r.get("graft_method"))
         if key not in best or r["speedup"] > best[key]["speedup"]:
             best[key] = r
-    return [{k: r.get(k) for k in ("set", "temperature", "method", "head", "k", "tree", "draft_vocab_size", "draft_dtype", "speedup",
-                               "speedup_range", "decode_speedup", "mean_acceptance_length", "identical")}
+    return [{k: r.get(k) for k in ("set", "temperature", "method", "head", "k", "tree", "draft_vocab_size", "draft_dtype",
+                                   "graft_method", "graft_tokens", "speedup", "speedup_range", "decode_speedup",
+                                   "mean_acceptance_length", "identical")}
             for r in best.values()]
 
 
@@ -293,7 +318,8 @@ def print_best(best: list[dict]) -> None:
     for b in best:
         how = (b["tree"] or ("chain" + (f", vocab {b['draft_vocab_size']}" if b["draft_vocab_size"] else ""))) \
             + (f", head {Path(b['head']).name}" if b.get("head") else "") \
-            + (f", {b['draft_dtype']} draft" if b.get("draft_dtype") else "")
+            + (f", {b['draft_dtype']} draft" if b.get("draft_dtype") else "") \
+            + (f" + {b['graft_method']} {b['graft_tokens']}" if b.get("graft_method") else "")
         same = "" if b["identical"] is None else ("identical" if b["identical"] else "NOT identical")
         print(f"  {b['set']:<8}T = {b['temperature']:g}  {b['method']:<12} k = {b['k']:<3}{how:<34} "
               f"{b['speedup']:.2f}x ({b['speedup_range'][0]:.2f}-{b['speedup_range'][1]:.2f}), decode "
@@ -316,6 +342,7 @@ def report_row(r: Row, kind: str, temperature: float, cell: dict, plain: dict, v
     vocab = (r.spec or {}).get("draft_vocab_size")
     row = {"set": kind, "temperature": temperature, "method": r.method, "head": r.head, "k": r.k, "tree": r.tree,
            "draft_vocab_size": vocab, "draft_dtype": r.draft_dtype,
+           "graft_method": (r.spec or {}).get("graft_method"), "graft_tokens": r.graft_tokens,
            "tok_per_s": 1 / statistics.median(per_token), "speedup": statistics.median(ratios),
            "speedup_range": [min(ratios), max(ratios)],
            "decode_speedup": statistics.median(decode_ratios),
@@ -332,6 +359,7 @@ def report_row(r: Row, kind: str, temperature: float, cell: dict, plain: dict, v
     label = (r.tree or ("chain" + (f", vocab {vocab}" if vocab else ""))) if spec else ""
     label += f", head {Path(r.head).name}" if r.head else ""
     label += f", {r.draft_dtype} draft" if r.draft_dtype else ""
+    label += f" + ngram {r.graft_tokens}" if r.graft_tokens else ""
     print(f"{kind:<8}{temperature:>3g} {r.method:<12}{r.k:>3} {label:<34}{row['tok_per_s']:>7.1f}{speed:>20}{decode:>20}"
           f"{row['predicted_speedup']:>6.2f}x{c:>7.3f}{(row['acceptance_rate'] or 0):>6.2f}{tau:>6.2f} {same:>5}  "
           f"{per_pos}", flush=True)

@@ -6,9 +6,12 @@
 the target side provides (the target model, its tokenizer, dtype, device and cache sizes). Adding a
 proposer is one file with a `from_config`, one line here, and its keys in
 `speclab.spec_config.SpeculativeConfig` (CONTRIBUTING.md walks through it).
+
+`make_proposer(spec, context)` is what `LLM` calls: the method's proposer, or, with speclab's
+`graft_method`, that drafter's tree with a lookup's chain grafted in (`speclab.proposers.graft`).
 """
 
-from speclab.proposers import draft_model, eagle, medusa, mtp, ngram, suffix
+from speclab.proposers import draft_model, eagle, graft, medusa, mtp, ngram, suffix
 
 
 METHODS = {
@@ -20,3 +23,13 @@ METHODS = {
     "medusa": medusa.from_config,            # lesson 08: parallel heads, no recurrence
     "suffix": suffix.from_config,            # lesson 10: suffix trees over this request and earlier outputs
 }
+
+GRAFT_METHODS = ("ngram", "suffix")  # lookups whose chain `graft_method` adds to a model drafter's tree
+
+
+def make_proposer(spec, context):
+    """The proposer a SpeculativeConfig describes, built through METHODS."""
+    if spec.graft_method is None:
+        return METHODS[spec.method](spec, context)
+    drafter, lookup = spec.grafted_parts()
+    return graft.GraftedProposer(METHODS[drafter.method](drafter, context), METHODS[lookup.method](lookup, context))
