@@ -27,6 +27,7 @@ from speclab import process_memory, stats
 from speclab.metrics import SpecDecodingStats
 from speclab.models import smollm2_draft
 from speclab.models.draft_vocab import RANKING_FILE
+from speclab.proposers.graft import GRAFT_TOKENS, NGRAM_GRAFT
 from speclab.reference import autoregressive_generate, speculative_generate
 from speclab.timing import machine_info, timed
 from speclab.toy import MarkovLM
@@ -153,7 +154,11 @@ def real_methods() -> tuple[list[tuple[str, dict]], list[str]]:
         vocab = {"draft_vocab_size": smollm2_draft.DRAFT_VOCAB} if (Path(draft) / RANKING_FILE).is_file() else {}
         rows.append((f"draft model, {DRAFT_K}-star", {"method": "draft_model", "model": draft, **star, **vocab,
                                                       "draft_dtype": DRAFT_DTYPE}))
-    rows.append((f"EAGLE head, {DRAFT_K}-star", {"method": "eagle", "model": EAGLE_HEAD, **star, "draft_dtype": DRAFT_DTYPE}))
+    eagle = {"method": "eagle", "model": EAGLE_HEAD, **star, "draft_dtype": DRAFT_DTYPE}
+    rows.append((f"EAGLE head, {DRAFT_K}-star", eagle))
+    # the same star with prompt lookup's chain grafted in as one more branch (lesson 10): k is the verified budget
+    rows.append((f"EAGLE, {DRAFT_K}-star + n-gram {GRAFT_TOKENS}",
+                 {**eagle, "num_speculative_tokens": DRAFT_K + GRAFT_TOKENS, **NGRAM_GRAFT}))
     return rows, missing
 
 

@@ -1,8 +1,8 @@
 """`python -m speclab.bench heads` runs every proposer side by side and writes figures that add up.
 
 A smoke run on the embedded target (one prompt per set, 8 tokens, greedy, two interleaved rounds):
-one row per method (and EAGLE's static and dynamic trees, and its static tree with an n-gram chain
-grafted in) and set in the JSON, speedups relative to
+one row per method (and EAGLE's static and dynamic trees, and each again with an n-gram chain grafted
+in) and set in the JSON, speedups relative to
 the plain row (which reads exactly 1.00x), tau >= 1 and equal to 1 + the per-position acceptances,
 acceptance per position that never rises with the position (a later drafted token, or a deeper
 node, is accepted only after every earlier one was), and greedy output identical to plain decoding
@@ -17,7 +17,7 @@ from speclab.bench.cli import main
 from speclab.bench.heads import EMBEDDED_METHODS
 
 
-@pytest.mark.slow  # ten engines on the embedded target, about 45 s
+@pytest.mark.slow  # eleven engines on the embedded target, about 45 s
 def test_bench_heads_writes_one_consistent_row_per_method_and_set(tmp_path, capsys):
     path = tmp_path / "heads.json"
     main(["heads", "--max-tokens", "8", "--num-prompts", "1", "--temperatures", "0", "--k", "4", "--repeats", "2",
@@ -33,9 +33,10 @@ def test_bench_heads_writes_one_consistent_row_per_method_and_set(tmp_path, caps
                                                        for m in ("none",) + EMBEDDED_METHODS}
     assert {r["tree"] for r in rows if r["method"] == "eagle"} >= {None, "[(0,), (1,), (2,), (0, 0)]",
                                                                    "dynamic: steps 3, topk 2"}
-    grafted = [r for r in rows if r["graft_method"] is not None]  # the static tree + an n-gram chain (lesson 10)
+    grafted = [r for r in rows if r["graft_method"] is not None]  # each tree + an n-gram chain (lesson 10)
     assert {(r["set"], r["method"], r["k"], r["tree"], r["graft_method"], r["graft_tokens"]) for r in grafted} == {
-        (s, "eagle", 7, "[(0,), (1,), (2,), (0, 0)]", "ngram", 3) for s in ("code", "prose")}
+        (s, "eagle", 7, tree, "ngram", 3) for s in ("code", "prose")
+        for tree in ("[(0,), (1,), (2,), (0, 0)]", "dynamic: steps 3, topk 2")}
     for r in rows:
         assert r["identical"] is True, f"greedy output differs from plain decoding: {r}"
         assert 0 < r["prefill_share"] < 1, r  # every row prefilled its prompt, and decoded after it
@@ -124,10 +125,10 @@ def test_eagle_heads_repeats_every_eagle_row_per_head_and_keeps_a_best_row_for_e
 
     one = rows_for(True, 4, 0.0, "smollm2-draft")
     two = rows_for(True, 4, 0.0, "smollm2-draft", eagle_heads=["eagle-smollm2", "/tmp/new-head"])
-    eagle = [r for r in one if r.method == "eagle"]  # chain, static tree, dynamic tree, static tree + n-gram
-    assert len(eagle) == 4 and all(r.head is None and "model" not in r.spec for r in eagle)
+    eagle = [r for r in one if r.method == "eagle"]  # chain, static and dynamic trees, each tree + n-gram
+    assert len(eagle) == 5 and all(r.head is None and "model" not in r.spec for r in eagle)
     assert len(two) == len(one) + len(eagle)
-    assert [r.spec["model"] for r in two if r.method == "eagle"] == ["eagle-smollm2"] * 4 + ["/tmp/new-head"] * 4
+    assert [r.spec["model"] for r in two if r.method == "eagle"] == ["eagle-smollm2"] * 5 + ["/tmp/new-head"] * 5
     assert all(r.head == r.spec["model"] for r in two if r.method == "eagle")
     assert [r for r in two if r.method != "eagle"] == [r for r in one if r.method != "eagle"]
 
@@ -138,4 +139,4 @@ def test_eagle_heads_repeats_every_eagle_row_per_head_and_keeps_a_best_row_for_e
     best = best_rows([row("eagle-smollm2", 1.2), row("/tmp/new-head", 1.4), row("/tmp/new-head", 1.1)])
     assert sorted((b["head"], b["speedup"]) for b in best) == [("/tmp/new-head", 1.4), ("eagle-smollm2", 1.2)]
     only = rows_for(True, 4, 0.0, "smollm2-draft", methods=["eagle"])   # --head-methods eagle: plain stays
-    assert [r.method for r in only] == ["none", "eagle", "eagle", "eagle", "eagle"]
+    assert [r.method for r in only] == ["none"] + ["eagle"] * 5

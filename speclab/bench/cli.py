@@ -326,7 +326,7 @@ def main(argv=None) -> None:
     ap.add_argument("--head-methods", nargs="+", default=None, choices=["ngram", "draft_model", *HEAD_METHODS],
                     help="heads: only these methods' rows, beside plain decoding (default: every one)")
     ap.add_argument("--graft-tokens", type=int, default=GRAFT_TOKENS,
-                    help="heads: EAGLE's static tree and the draft's star once more with an n-gram chain of up to this "
+                    help="heads: every tree row (EAGLE's trees, the draft's star) once more with an n-gram chain of up to this "
                          f"many tokens grafted in (graft_method, lesson 10; default {GRAFT_TOKENS}, 0: no such rows)")
     ap.add_argument("--eagle-heads", nargs="+", default=None,
                     help="heads: run every EAGLE row with each of these heads (names under speclab/checkpoints/heads "

@@ -44,6 +44,7 @@ from speclab.data.chat_prompts import load_chat_prompts
 from speclab.data.prompts import load_prompts
 from speclab.llm import LLM, shared_weights
 from speclab.models.smollm2_draft import DRAFT_VOCAB
+from speclab.proposers.graft import GRAFT_TOKENS, NGRAM_GRAFT
 from speclab.sampling_params import SamplingParams
 from speclab.timing import forward_seconds, machine_info, timed, wrap_timed
 from speclab.verify.tree import star_literal
@@ -69,14 +70,6 @@ STATIC_TREES = {2: "[(0,), (1,)]", 3: "[(0,), (1,), (2,)]", 4: "[(0,), (1,), (2,
                 8: "[(0,), (1,), (2,), (3,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]",
                 12: "[(0,), (1,), (2,), (3,), (0, 0), (0, 1), (1, 0), (2, 0), (0, 0, 0), (0, 2), (1, 1), (0, 1, 0)]"}
 DYNAMIC_TREES = {6: (3, 3), 8: (3, 4), 12: (4, 4)}  # k -> (speculative_num_steps, speculative_eagle_topk); else (k - 1, 2)
-# A lookup grafted into a tree (`graft_method`, speclab.proposers.graft): EAGLE's static tree and the draft's
-# star, each with up to GRAFT_TOKENS prompt-lookup tokens (n-gram sizes 3 down to 1, as the n-gram row) as one
-# more branch. Chosen by replaying EAGLE's 3-star at every position of plain greedy decoding (12 held-out chats
-# per set x 48 tokens, 2026-12-07, Zen 4) and pricing each step with `bench verify-cost`'s v_n: grafting 2, 3
-# or 4 tokens gave tau 2.55 / 3.09 / 3.38 on edit and 1.55 / 1.57 / 1.57 on chat, 3 the best priced on qa
-# and chat; a match length of at least 2 before a new branch, or dropping the star's third child when the
-# chain takes a new branch, priced within 3 % of grafting every lookup, so the rule stays the simplest one.
-GRAFT_TOKENS = 3
 # The draft model drafts a star: its k most likely next tokens, all at depth 1
 # (`speclab.verify.tree.star_literal`). Each depth of a tree costs the draft a forward of the whole model
 # (4 layers and an LM head), where it costs a head one layer; the draft's first token is right 0.3-0.5 of
@@ -103,9 +96,10 @@ class Row:
 
 
 def grafted(r: Row, m: int) -> Row:
-    """The tree row r with an n-gram chain of up to m tokens grafted in: k becomes the verified budget."""
-    return Row(r.method, r.k + m, r.tree, {**r.spec, "num_speculative_tokens": r.k + m, "graft_method": "ngram",
-                                            "prompt_lookup_max": 3, "prompt_lookup_min": 1}, r.head, r.draft_dtype, m)
+    """The tree row r with an n-gram chain of up to m tokens grafted in (NGRAM_GRAFT; speclab.proposers.graft says
+    how m = GRAFT_TOKENS was chosen): k becomes the verified budget."""
+    return Row(r.method, r.k + m, r.tree, {**r.spec, "num_speculative_tokens": r.k + m, **NGRAM_GRAFT}, r.head,
+               r.draft_dtype, m)
 
 
 def rows_for(real: bool, k: int, temperature: float, draft: str, methods=None, eagle_heads=None,
@@ -113,8 +107,8 @@ def rows_for(real: bool, k: int, temperature: float, draft: str, methods=None, e
     """The rows at one k. `eagle_heads`: EAGLE heads to compare (names or directories; None: the shipped one),
     each in every EAGLE row (chain, static tree, dynamic tree). `draft_dtypes`: every model drafter's row
     once per dtype ("float32", "bfloat16": speculative_config's draft_dtype; None: the target's).
-    `graft_tokens` m > 0: EAGLE's static tree and the draft's star once more with an n-gram chain of up to m
-    tokens grafted in (their k is then k + m, the verified budget)."""
+    `graft_tokens` m > 0: every tree row (EAGLE's static and dynamic trees, the draft's star) once more with an
+    n-gram chain of up to m tokens grafted in (its k is then k + m, the verified budget)."""
     sample = "greedy" if temperature == 0 else "probabilistic"
     rows = [Row("none", 0, None, None),
             Row("ngram", k, None, {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3,
@@ -131,8 +125,7 @@ def rows_for(real: bool, k: int, temperature: float, draft: str, methods=None, e
         trees.append(Row("draft_model", k, star_literal(k), {"method": "draft_model", "model": draft,
                                                              "num_speculative_tokens": k, "draft_vocab_size": DRAFT_VOCAB,
                                                              "speculative_token_tree": star_literal(k)}))
-    static = [r for r in trees if r.spec.get("speculative_token_tree")]
-    rows += trees + ([grafted(r, graft_tokens) for r in static] if graft_tokens else [])
+    rows += trees + ([grafted(r, graft_tokens) for r in trees] if graft_tokens else [])
     if eagle_heads:  # every EAGLE row once per head
         rows = [r for r in rows if r.method != "eagle"] + [
             Row(r.method, r.k, r.tree, {**r.spec, "model": h}, h, r.draft_dtype, r.graft_tokens)
