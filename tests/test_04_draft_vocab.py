@@ -227,6 +227,7 @@ def test_bench_heads_runs_the_smollm2_draft_over_the_reduced_vocabulary_too():
     from speclab.bench.heads import rows_for
     from speclab.models.smollm2_draft import DRAFT_VOCAB
     drafts = [r.spec for r in rows_for(True, 4, 0.0, "smollm2-draft") if r.method == "draft_model"]
-    assert [(s.get("draft_vocab_size"), s.get("speculative_token_tree")) for s in drafts] == [
-        (None, None), (DRAFT_VOCAB, None), (DRAFT_VOCAB, "[(0,), (1,), (2,), (3,)]")]  # chains, then the 4-star
+    assert [(s.get("draft_vocab_size"), s.get("speculative_token_tree"), s.get("graft_method")) for s in drafts] == [
+        (None, None, None), (DRAFT_VOCAB, None, None), (DRAFT_VOCAB, "[(0,), (1,), (2,), (3,)]", None),
+        (DRAFT_VOCAB, "[(0,), (1,), (2,), (3,)]", "ngram")]  # chains, the 4-star, and the 4-star with a lookup grafted in
     assert all(r.spec is None or "draft_vocab_size" not in r.spec for r in rows_for(False, 4, 0.0, "draft"))

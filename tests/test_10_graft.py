@@ -226,3 +226,12 @@ def test_grafted_tree_samples_follow_the_target(broken, llama_pair, monkeypatch)
     else:
         assert pv > SIGNIFICANCE, f"grafted samples differ from the target (p={pv:.1e}; detects TV >= " \
                                   f"{stats.min_detectable_tv(n, int((joint.ravel() * n >= 5).sum()) + 1):.3f})"
+
+
+def test_a_graft_refuses_a_drafter_that_samples_its_drafts(llama_pair):
+    """A sampled draft carries its q; a grafted tree verifies point masses only, so the proposer says so
+    when it is built, not in the middle of a step."""
+    _, _, draft = llama_pair
+    sampled = DraftModelProposer(load_llama(draft), 2, num_kv_blocks=64, block_size=4, sample_method="probabilistic")
+    with pytest.raises(ValueError, match="greedily"):
+        GraftedProposer(sampled, NgramProposer(1, 2, 2))

@@ -13,8 +13,8 @@ Every node is a point mass (the drafter's top-k and the lookup's copies alike), 
 (`speclab.verify.tree.sample_tree`) is exact whatever the tree holds, at any temperature; a grafted
 chain can only change how many tokens a step keeps. Arctic Inference combines suffix decoding with its
 model drafters too, but by choosing one of the two drafts each step from their scores; a graft keeps
-both and lets the verifier choose, which costs verified tokens: on a CPU a forward over 7 tokens costs
-about 1.15 decode steps where one over 4 costs 1.0 (`python -m speclab.bench verify-cost`).
+both and lets the verifier choose, which costs verified tokens: on a 2-core Zen 4 a float32 forward over 7
+tokens cost 1.1-1.3 decode steps where one over 4 cost about 1.0 (`python -m speclab.bench verify-cost`).
 
     LLM("smollm2", speculative_config={"method": "eagle", "speculative_token_tree": "[(0,), (1,), (2,)]",
                                        "num_speculative_tokens": 6, "graft_method": "ngram",
@@ -89,8 +89,11 @@ class GraftedProposer(Proposer):
     """
 
     def __init__(self, drafter: Proposer, lookup: Proposer):
-        if drafter.hidden_layers and lookup.hidden_layers:
+        if lookup.hidden_layers:
             raise ValueError("the grafted lookup drafts from tokens: it reads no hidden states")
+        if getattr(drafter, "sample_method", "greedy") != "greedy":
+            raise ValueError("a graft needs one-hot drafts: the drafter must draft greedily (its tree's top-k), "
+                             "draft_sample_method 'greedy'")
         self.drafter, self.lookup = drafter, lookup
         self.num_speculative_tokens = drafter.num_speculative_tokens + lookup.num_speculative_tokens
         self.hidden_layers = drafter.hidden_layers
