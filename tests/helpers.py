@@ -134,6 +134,27 @@ def run_engine(engine, prompts, params) -> list[list[int]]:
     return [r.output_token_ids for r in engine.generate(prompts, params)]
 
 
+def joint_law_of_three(hf, prompt: list[int], V: int) -> np.ndarray:
+    """(V, V, V) the exact law of the first 3 tokens a tiny transformers Llama `hf` samples after `prompt` at
+    T = 1: p(a) p(b | a) p(c | a, b), from one batched forward over every prompt + [a, b]."""
+    from speclab.sampling import logits_to_probs
+    seqs = torch.tensor([prompt + [a, b] for a in range(V) for b in range(V)])
+    with torch.no_grad():
+        probs = logits_to_probs(hf(seqs).logits.double())
+    n0 = len(prompt)
+    return (probs[0, n0 - 1][:, None, None] * probs[:, n0].reshape(V, V, V)[:, 0][:, :, None]
+            * probs[:, n0 + 1].reshape(V, V, V)).numpy()
+
+
+def first_three_counts(engine, prompt: list[int], n: int, V: int) -> np.ndarray:
+    """(V, V, V) counts of the first 3 tokens of n unseeded T = 1 requests for `prompt` through `engine`."""
+    from speclab import SamplingParams
+    counts = np.zeros((V,) * 3)
+    for out in run_engine(engine, [prompt] * n, SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True)):
+        counts[tuple(out[:3])] += 1
+    return counts
+
+
 def truncated_llama(src, dst, num_layers: int = 2):
     """A stand-in draft: the Llama checkpoint directory `src` cut to its first `num_layers` layers
     (final norm and tied head kept), saved to `dst` with the same tokenizer; returns `dst`.

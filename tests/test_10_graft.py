@@ -9,11 +9,9 @@ The statistical test fails at p < 1e-4 and states the smallest total-variation d
 power 0.99 (`stats.min_detectable_tv`).
 """
 
-import numpy as np
 import pytest
-import torch
 
-from helpers import run_engine, tiny_llama
+from helpers import first_three_counts, joint_law_of_three, tiny_llama
 from mutants import sample_tree_without_removal
 from speclab import LLM, SamplingParams, stats
 from speclab.engine.llm_engine import LLMEngine
@@ -23,7 +21,6 @@ from speclab.proposers.draft_model import DraftModelProposer
 from speclab.proposers.graft import GraftedProposer, graft
 from speclab.proposers.ngram import NgramProposer
 from speclab.proposers.tree_drafting import TreeShape
-from speclab.sampling import logits_to_probs
 from speclab.spec_config import SpeculativeConfig
 from speclab.verify.tree import parse_tree, star_literal
 
@@ -179,7 +176,7 @@ def test_the_graft_pays_where_text_repeats():
 # ----------------------------------------------------------------------------------------------
 # The law, T = 1: tiny random Llamas over 8 tokens
 
-EV, EL, EPROMPT = 8, 3, [1, 2, 3, 1, 2]
+EV, EPROMPT = 8, [1, 2, 3, 1, 2]
 
 
 @pytest.fixture(scope="module")
@@ -207,25 +204,16 @@ def test_grafted_tree_samples_follow_the_target(broken, llama_pair, monkeypatch)
     hf, target, draft = llama_pair
     if broken:
         monkeypatch.setattr("speclab.engine.model_runner.sample_tree", sample_tree_without_removal)
-    seqs = torch.tensor([EPROMPT + [a, b] for a in range(EV) for b in range(EV)])
-    with torch.no_grad():
-        probs = logits_to_probs(hf(seqs).logits.double())
-    n0 = len(EPROMPT)
-    joint = probs[0, n0 - 1][:, None, None] * probs[:, n0].reshape(EV, EV, EV)[:, 0][:, :, None] \
-        * probs[:, n0 + 1].reshape(EV, EV, EV)
-    n = 3000
+    joint, n = joint_law_of_three(hf, EPROMPT, EV).ravel(), 3000
     eng = grafted_engine(target, draft)
-    counts = np.zeros((EV,) * EL)
-    for out in run_engine(eng, [EPROMPT] * n, SamplingParams(temperature=1.0, max_tokens=EL + 3, ignore_eos=True)):
-        counts[tuple(out[:EL])] += 1
-    pv = stats.chi2_gof(counts.ravel(), joint.ravel().numpy())
+    pv = stats.chi2_gof(first_three_counts(eng, EPROMPT, n, EV).ravel(), joint)
     assert eng.stats.num_draft_tokens > 2 * eng.stats.num_drafts, "no step verified a grafted node"
     assert eng.stats.num_accepted_tokens_per_pos[1] > 0, "no grafted token was accepted past depth 1"
     if broken:
         assert pv < SIGNIFICANCE, f"the sibling-rule mutant passed (p={pv:.2f})"
     else:
         assert pv > SIGNIFICANCE, f"grafted samples differ from the target (p={pv:.1e}; detects TV >= " \
-                                  f"{stats.min_detectable_tv(n, int((joint.ravel() * n >= 5).sum()) + 1):.3f})"
+                                  f"{stats.min_detectable_tv(n, int((joint * n >= 5).sum()) + 1):.3f})"
 
 
 def test_a_graft_refuses_a_drafter_that_samples_its_drafts(llama_pair):

@@ -30,7 +30,7 @@ import torch
 from speclab import roofline, stats
 from speclab.bench.attention import main as attention_main
 from speclab.bench.gemm import main as gemm_main
-from speclab.bench.heads import GRAFT_TOKENS, bench_heads
+from speclab.bench.heads import bench_heads
 from speclab.bench.prompts import REAL_SETS, find_draft, is_real, prompt_ids
 from speclab.bench.serve_vs_vllm import main as serve_vs_vllm_main
 from speclab.bench.verify_cost import main as verify_cost_main
@@ -39,6 +39,7 @@ from speclab.llm import LLM, resolve_dtype
 from speclab.models.heads.config import HEAD_METHODS
 from speclab.models.hub import model_directory
 from speclab.models.llama import load_llama
+from speclab.proposers.graft import GRAFT_TOKENS
 from speclab.sampling_params import SamplingParams
 from speclab.spec_config import DRAFT_DTYPES
 from speclab.timing import forward_seconds, median_seconds, timed

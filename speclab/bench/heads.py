@@ -5,7 +5,9 @@ For each prompt set and temperature: plain decoding, n-gram, the draft model (`d
 `draft_vocab_size`, speclab.models.draft_vocab), the heads (EAGLE, EAGLE-3-style, Medusa, MTP on
 the embedded target; EAGLE on SmolLM2), and the trees (lesson 10): EAGLE's static `speculative_token_tree`
 and EAGLE-2 dynamic tree, and on SmolLM2 the draft model's star (its k most likely next tokens), each with
-as many nodes as the chain has drafts, so chain and trees verify the same number of tokens per step.
+as many nodes as the chain has drafts, so chain and trees verify the same number of tokens per step; and
+every tree once more with prompt lookup's chain of up to `--graft-tokens` tokens grafted in (`graft_method`,
+speclab.proposers.graft: its k, the verified budget, is the tree's nodes plus the chain's).
 Every row is one LLM; the rows share the target's weights (`speclab.llm.shared_weights`). `--repeats` interleaved rounds: in each round every row runs every
 set once, so drifting load falls on all rows alike; times are medians over the rounds and a
 speedup's range is over the rounds (each against the plain row of its own round).
