@@ -84,6 +84,18 @@ def controls(impl_name):
         pytest.skip("negative control: it grades the grader with deliberately wrong answers, not yours")
 
 
+@pytest.fixture(scope="module")
+def llama_pair(tmp_path_factory):
+    """A tiny random Llama target over 8 tokens (a peaked head: a law test sees its mistakes) and a noisy copy
+    as its draft: (the transformers target, its directory, the draft's directory). The law tests of
+    lessons 06 and 10 sample from them."""
+    from helpers import tiny_llama
+    root = tmp_path_factory.mktemp("pair")
+    hf = tiny_llama(root / "target", vocab_size=8, seed=0, head_scale=12.0)
+    tiny_llama(root / "draft", vocab_size=8, seed=1, like=hf, noise=0.5)
+    return hf, root / "target", root / "draft"
+
+
 @pytest.fixture
 def one_torch_thread():
     """One torch thread for the test (speclab's CPU kernels run only then), restored after it. Kernel

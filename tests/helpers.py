@@ -134,6 +134,16 @@ def run_engine(engine, prompts, params) -> list[list[int]]:
     return [r.output_token_ids for r in engine.generate(prompts, params)]
 
 
+def outputs_and_counters(spec, prompts, params, **llm_kwargs):
+    """(output token ids, vLLM's spec-decode counters, the LLM) of `prompts` on the embedded target with
+    speculative config `spec`."""
+    from speclab import LLM
+    from speclab.metrics import spec_decode_counters
+    llm = LLM(speculative_config=spec, disable_log_stats=False, **llm_kwargs)
+    out = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    return out, spec_decode_counters(llm.get_metrics()), llm
+
+
 def joint_law_of_three(hf, prompt: list[int], V: int) -> np.ndarray:
     """(V, V, V) the exact law of the first 3 tokens a tiny transformers Llama `hf` samples after `prompt` at
     T = 1: p(a) p(b | a) p(c | a, b), from one batched forward over every prompt + [a, b]."""
@@ -144,6 +154,16 @@ def joint_law_of_three(hf, prompt: list[int], V: int) -> np.ndarray:
     n0 = len(prompt)
     return (probs[0, n0 - 1][:, None, None] * probs[:, n0].reshape(V, V, V)[:, 0][:, :, None]
             * probs[:, n0 + 1].reshape(V, V, V)).numpy()
+
+
+def engine_law_p_value(engine, hf, prompt: list[int], V: int, n: int = 3000) -> tuple[float, float]:
+    """Pearson's p-value of the first 3 tokens of n unseeded T = 1 requests through `engine` against the exact
+    law of `hf` (`joint_law_of_three`), and the smallest TV the test detects with power 0.99 over the cells
+    with enough mass."""
+    from speclab import stats
+    joint = joint_law_of_three(hf, prompt, V).ravel()
+    pv = stats.chi2_gof(first_three_counts(engine, prompt, n, V).ravel(), joint)
+    return pv, stats.min_detectable_tv(n, int((joint * n >= 5).sum()) + 1)
 
 
 def first_three_counts(engine, prompt: list[int], n: int, V: int) -> np.ndarray:

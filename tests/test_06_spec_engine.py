@@ -17,18 +17,15 @@ from speclab.proposers.ngram import NgramProposer
 from speclab.sampling import logits_to_probs
 from speclab.sampling_params import SamplingParams
 from speclab.verify import rejection_sample
-from tests.helpers import run_engine, tiny_llama
+from tests.helpers import run_engine
 
 V, L, PROMPT = 8, 3, [1, 2, 3, 1, 2]
 SIGNIFICANCE = 1e-4
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pair")
-    hf = tiny_llama(root / "target", vocab_size=V, seed=0, head_scale=12.0)
-    tiny_llama(root / "draft", vocab_size=V, seed=1, like=hf, noise=0.5)
-    return hf, root / "target", root / "draft"
+def pair(llama_pair):  # tests/conftest.py: the tiny target over V = 8 tokens and its draft
+    return llama_pair
 
 
 def joint_law(hf, top_p=1.0):

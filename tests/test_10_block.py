@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import random_rows, run_engine, tiny_llama
+from helpers import random_rows, run_engine
 from speclab import stats
 from speclab.engine.config import EngineConfig
 from speclab.engine.llm_engine import LLMEngine
@@ -411,14 +411,6 @@ def test_bad_input_gets_the_layouts_errors():
 # joint law over the first 3 generated tokens transformers' forward gives.
 
 EV, EL, EPROMPT = 8, 3, [1, 2, 3, 1, 2]
-
-
-@pytest.fixture(scope="module")
-def llama_pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pair10")
-    hf = tiny_llama(root / "target", vocab_size=EV, seed=0, head_scale=12.0)
-    tiny_llama(root / "draft", vocab_size=EV, seed=1, like=hf, noise=0.5)
-    return hf, root / "target", root / "draft"
 
 
 def block_engine(target, draft, method="block", k=3, **kw):
