@@ -1,8 +1,8 @@
 """Speculative decoding on the real model, SmolLM2-135M-Instruct (Q4_1-dequantized).
 
 Greedy: speculative output equals plain output token for token, on a ragged batch of held-out
-chat prompts, for n-gram, draft-model and EAGLE speculation (a tree with a grafted n-gram chain),
-in float32 and in bfloat16. The draft is
+chat prompts, for n-gram and draft-model speculation in float32 and in bfloat16, and for EAGLE (its
+3-star with an n-gram chain grafted in) in float32. The draft is
 the distilled "smollm2-draft" when it resolves here, else a stand-in built in a temporary
 directory: the target cut to its first 2 layers (same tokenizer; it drafts poorly, which is what
 a test of exactness wants: many rejections).
@@ -85,9 +85,9 @@ def draft_config(draft_dir, method="greedy", k=3):
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_greedy_speculation_equals_plain_on_a_ragged_batch(smol_dir, draft_dir, ragged_prompts, dtype):
-    """n-gram, draft-model and EAGLE speculation (its 3-star with an n-gram chain grafted in) vs plain
-    decoding, the same 4 prompts batched the same way and one dtype (see the module docstring for why
-    bf16 compares only within itself)."""
+    """n-gram, draft-model and (in float32) EAGLE speculation, its 3-star with an n-gram chain grafted in,
+    vs plain decoding, the same 4 prompts batched the same way and one dtype (see the module docstring for
+    why bf16 compares only within itself)."""
     from speclab import LLM
     plain = generate(LLM(str(smol_dir), dtype=dtype, kv_cache_gb=SMALL_POOL_GB), ragged_prompts)
     # The graft verifies up to 7 rows a request, 28 a step here: past cpu_gemm.MAX_ROWS (16), where a GEMM
