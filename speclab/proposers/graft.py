@@ -14,7 +14,7 @@ Every node is a point mass (the drafter's top-k and the lookup's copies alike), 
 chain can only change how many tokens a step keeps. Arctic Inference combines suffix decoding with its
 model drafters too, but by choosing one of the two drafts each step from their scores; a graft keeps
 both and lets the verifier choose, which costs verified tokens: on a 2-core Zen 4 a float32 forward over 7
-tokens cost 1.1-1.3 decode steps where one over 4 cost about 1.0 (`python -m speclab.bench verify-cost`).
+tokens cost 1.1-1.4 decode steps where one over 4 cost about 1.0 (`bench heads`' v_6 and v_3, 2026-12-07).
 
     LLM("smollm2", speculative_config={"method": "eagle", "speculative_token_tree": "[(0,), (1,), (2,)]",
                                        "num_speculative_tokens": 6, "graft_method": "ngram",
