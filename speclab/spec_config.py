@@ -51,7 +51,9 @@ class SpeculativeConfig:
             a head (head methods): its directory or a shipped head's name (None: the target's own).
         prompt_lookup_max, prompt_lookup_min: n-gram sizes (ngram); one set copies to the other.
         draft_sample_method: "greedy" (argmax drafts, q treated as one-hot, vLLM's default) or
-            "probabilistic" (drafts sampled from q, q kept for verification: higher acceptance at T > 0).
+            "probabilistic" (drafts sampled from q, q kept for verification: higher acceptance at T > 0;
+            with a static speculative_token_tree, speclab's: each node's children drawn from q without
+            replacement and verified by recursive rejection sampling, lesson 10).
         draft_vocab_size: speclab's key (draft_model only): the draft scores only the target's
             draft_vocab_size most frequent tokens, from the ranking shipped beside the draft (FR-Spec;
             speclab.models.draft_vocab): a cheaper draft, still exact. None: the whole vocabulary.
@@ -190,9 +192,10 @@ class SpeculativeConfig:
             if self.speculative_num_draft_tokens - 1 != self.num_speculative_tokens and self.graft_method is None:
                 raise ValueError(f"speculative_num_draft_tokens={self.speculative_num_draft_tokens} counts the root: "
                                  f"num_speculative_tokens must be {self.speculative_num_draft_tokens - 1}")
-        if self.draft_sample_method != "greedy":
-            raise ValueError("a tree's children are the drafter's top-k: draft_sample_method must be 'greedy' "
-                             "(verification still samples exactly at any temperature)")
+        if self.draft_sample_method != "greedy" and (self.speculative_token_tree is None or self.graft_method):
+            raise ValueError("a dynamic tree's children, and a graft's tree's, are the drafter's top-k: "
+                             "draft_sample_method must be 'greedy' there (a static speculative_token_tree alone may "
+                             "draw its children with 'probabilistic'; verification samples exactly either way)")
 
     @property
     def tree_nodes(self) -> int | None:

@@ -8,6 +8,7 @@ the test has no power and proves nothing.
 import torch
 
 from speclab.verify import draw_uniforms
+from speclab.verify.tree import recursive_rejection_sample as _recursive_rejection_sample  # the real rule, kept
 
 
 def _one_hot_rows(draft_tokens, p, q):
@@ -83,3 +84,10 @@ def sample_tree_without_removal(tree, tokens, probs, generator):
             return path, [tokens[c - 1] for c in path] + [int(torch.multinomial(p, 1, generator=generator))]
         path.append(nxt)
         node = nxt
+
+
+def drawn_siblings_verified_as_iid(p, drafts, q, *, without_replacement, generator=None, uniforms=None, noise=None):
+    """MUTANT of `speclab.verify.tree.recursive_rejection_sample` as `sample_tree_drawn` calls it: siblings drawn
+    without replacement are tested against the original q every time (SpecInfer's update for i.i.d. siblings)."""
+    return _recursive_rejection_sample(p, drafts, q, without_replacement=False, generator=generator,
+                                       uniforms=uniforms, noise=noise)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from helpers import engine_law_p_value, outputs_and_counters, run_engine
-from mutants import sample_tree_without_removal
+from mutants import drawn_siblings_verified_as_iid, sample_tree_without_removal
 from speclab import LLM, SamplingParams, stats
 from speclab.engine.llm_engine import LLMEngine
 from speclab.engine.model_runner import ModelRunner
@@ -124,6 +124,47 @@ def test_tree_loop_law(verify, exact):
         assert pv < SIGNIFICANCE, f"the mutant passed (p={pv:.2f}): the test cannot see the bug"
 
 
+def loop_counts_drawn_tree(target: MarkovLM, draft: MarkovLM, tree: TokenTree, L: int, n: int, g) -> np.ndarray:
+    """As `loop_counts_tree`, each node's children drawn from the draft's q there without replacement and
+    verified by `sample_tree_drawn` (the draft_sample_method "probabilistic" tree)."""
+    V = target.vocab_size
+    counts = np.zeros(V ** L, dtype=np.int64)
+    for _ in range(n):
+        seq, last = [], 0
+        while len(seq) < L:
+            node_tok = [last]
+            for p in range(tree.num_nodes + 1):  # breadth first: a parent's token is known before its children
+                kids = tree.children[p]
+                if kids:
+                    drawn = vtree.draw_children(draft.transition[node_tok[p]], len(kids), replacement=False, generator=g)
+                    node_tok += drawn
+            probs = target.transition[torch.tensor(node_tok)]
+            q = draft.transition[torch.tensor([node_tok[tree.parents[i]] for i in range(1, tree.num_nodes + 1)])]
+            _, out = vtree.sample_tree_drawn(tree, node_tok[1:], probs, q, g)
+            seq += out
+            last = seq[-1]
+        counts[sum(t * V ** (L - 1 - j) for j, t in enumerate(seq[:L]))] += 1
+    return counts
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_drawn_tree_loop_law(exact, monkeypatch):
+    """V = 3, the first 3 tokens of n = 3000 loops over a tree whose children are drawn from q without replacement
+    (27 cells: detects TV >= ~0.1); verified with the i.i.d. update (q never reduced), the law must break."""
+    if not exact:
+        monkeypatch.setattr("speclab.verify.tree.recursive_rejection_sample", drawn_siblings_verified_as_iid)
+    g = torch.Generator().manual_seed(3)
+    target = MarkovLM.random(3, g, spread=1.5)
+    draft = MarkovLM.random(3, g, spread=2.0)
+    tree = parse_tree("[(0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0)]")
+    L, n = 3, 3000
+    pv = stats.chi2_gof(loop_counts_drawn_tree(target, draft, tree, L, n, g), target.joint([0], L).ravel().numpy())
+    if exact:
+        assert pv > SIGNIFICANCE, f"the drawn tree's loop law differs from the target's (p={pv:.1e})"
+    else:
+        assert pv < SIGNIFICANCE, f"the i.i.d.-update mutant passed (p={pv:.2f}): the test cannot see the bug"
+
+
 def test_tree_walk_is_greedy_and_keeps_the_matching_branch():
     t = parse_tree(TREE6)
     # nodes: 1:(0,)=5 2:(1,)=7 3:(0,0)=2 4:(0,1)=9 5:(1,0)=4 6:(0,0,0)=1
@@ -179,6 +220,9 @@ def test_config_checks_tree_keys():
     dyn = SpeculativeConfig.from_dict({"method": "eagle", "num_speculative_tokens": 7, "speculative_num_steps": 3,
                                        "speculative_eagle_topk": 2, "speculative_num_draft_tokens": 8})
     assert TreeShape.from_config(dyn).max_run == 4
+    drawn = SpeculativeConfig.from_dict({"method": "eagle", "num_speculative_tokens": 6, "speculative_token_tree": TREE6,
+                                         "draft_sample_method": "probabilistic"})  # children drawn from q
+    assert TreeShape.from_config(drawn).static.num_nodes == 6
     base = {"method": "draft_model", "model": "draft"}
     bad = [
         ({"num_speculative_tokens": 4, "speculative_token_tree": TREE6}, "must be equal"),
@@ -187,8 +231,8 @@ def test_config_checks_tree_keys():
         ({"num_speculative_tokens": 3, "speculative_num_steps": 3, "speculative_eagle_topk": 2,
           "speculative_num_draft_tokens": 8}, "must be 7"),
         ({"num_speculative_tokens": 6, "speculative_token_tree": TREE6, "rejection_sample_method": "block"}, "standard"),
-        ({"num_speculative_tokens": 6, "speculative_token_tree": TREE6, "draft_sample_method": "probabilistic"},
-         "greedy"),
+        ({"num_speculative_tokens": 3, "speculative_num_steps": 2, "speculative_eagle_topk": 2,
+          "speculative_num_draft_tokens": 4, "draft_sample_method": "probabilistic"}, "greedy"),
         ({"num_speculative_tokens": 6, "speculative_token_tree": TREE6, "speculative_eagle_topk": 2}, "not both"),
     ]
     for extra, match in bad:
@@ -270,9 +314,10 @@ def test_broken_trees_break_greedy(broken, plain_greedy, monkeypatch):
 EV, EPROMPT = 8, [1, 2, 3, 1, 2]
 
 
-def tree_engine(target, draft, tree=TREE6):
+def tree_engine(target, draft, tree=TREE6, sample_method="greedy"):
     shape = TreeShape(static=parse_tree(tree))
-    proposer = DraftModelProposer(load_llama(draft), shape.num_nodes, num_kv_blocks=8192, block_size=4, tree=shape)
+    proposer = DraftModelProposer(load_llama(draft), shape.num_nodes, num_kv_blocks=8192, block_size=4, tree=shape,
+                                  sample_method=sample_method)
     return LLMEngine(load_llama(target), proposer=proposer, num_kv_blocks=8192, block_size=4, max_num_seqs=2048,
                      max_num_batched_tokens=1 << 15)
 
@@ -293,6 +338,25 @@ def test_engine_tree_samples_follow_the_target(broken, llama_pair, monkeypatch):
         assert pv < SIGNIFICANCE, f"the sibling-rule mutant passed (p={pv:.2f})"
     else:
         assert pv > SIGNIFICANCE, f"tree samples differ from the target (p={pv:.1e}; detects TV >= {tv:.3f})"
+
+
+@pytest.mark.slow  # 2 x 6000 requests through the engine
+@pytest.mark.parametrize("broken", [None, "drawn siblings verified as i.i.d."])
+def test_engine_drawn_tree_samples_follow_the_target(broken, llama_pair, monkeypatch):
+    """T = 1, unseeded, children drawn from the draft's q without replacement (draft_sample_method
+    "probabilistic"), four at the root: the first 3 tokens of n = 6000 requests against the exact joint
+    law (as above; detects TV >= ~0.07); verifying those siblings with the i.i.d. update (q never
+    reduced) must fail."""
+    hf, target, draft = llama_pair
+    if broken:
+        monkeypatch.setattr("speclab.verify.tree.recursive_rejection_sample", drawn_siblings_verified_as_iid)
+    eng = tree_engine(target, draft, "[(0,), (1,), (2,), (3,), (0, 0), (0, 0, 0)]", sample_method="probabilistic")
+    pv, tv = engine_law_p_value(eng, hf, EPROMPT, EV, n=6000)  # the mutant read p = 4e-8 .. 8e-5 at n = 3000
+    assert eng.stats.num_accepted_tokens > 0
+    if broken:
+        assert pv < SIGNIFICANCE, f"the i.i.d.-update mutant passed (p={pv:.2f})"
+    else:
+        assert pv > SIGNIFICANCE, f"drawn-tree samples differ from the target (p={pv:.1e}; detects TV >= {tv:.3f})"
 
 
 def test_seeded_tree_requests_are_drafter_invariant(llama_pair):

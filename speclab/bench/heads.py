@@ -84,6 +84,13 @@ DYNAMIC_TREES = {6: (3, 3), 8: (3, 4), 12: (4, 4)}  # k -> (speculative_num_step
 # nodes read 1.03-1.08x on qa and chat, and the k = 3 chain 0.96-1.08x there (MEASUREMENTS.md).
 
 
+# At T > 0 a top-k child is kept with probability p(x) alone, so the trees above lose to the chain there; children
+# drawn from q are kept with min(1, p / q) each. EAGLE's drawn tree: DRAWN_ROOT_CHILDREN = 3 children at the root
+# and the chain under the first (`drawn_tree`). Chosen by mean acceptance length at T = 1 on SmolLM2 (shipped head in
+# bfloat16, 8 held-out chats per set x 48 tokens x 3 rounds, 2026-12-07):
+DRAWN_ROOT_CHILDREN = 3
+
+
 @dataclass
 class Row:
     """One configuration: its label in the table, its speculative config (None: plain)."""
@@ -128,6 +135,11 @@ def rows_for(real: bool, k: int, temperature: float, draft: str, methods=None, e
                                                              "num_speculative_tokens": k, "draft_vocab_size": DRAFT_VOCAB,
                                                              "speculative_token_tree": star_literal(k)}))
     rows += trees + ([grafted(r, graft_tokens) for r in trees] if graft_tokens else [])
+    if temperature > 0:  # EAGLE's tree with its children drawn from q (speclab.proposers.tree_drafting)
+        tree = drawn_tree(k)
+        rows.append(Row("eagle", tree.count("("), tree, {"method": "eagle", "speculative_token_tree": tree,
+                                                           "num_speculative_tokens": tree.count("("),
+                                                           "draft_sample_method": "probabilistic"}))
     if eagle_heads:  # every EAGLE row once per head
         rows = [r for r in rows if r.method != "eagle"] + [
             Row(r.method, r.k, r.tree, {**r.spec, "model": h}, h, r.draft_dtype, r.graft_tokens)
@@ -137,6 +149,13 @@ def rows_for(real: bool, k: int, temperature: float, draft: str, methods=None, e
             Row(r.method, r.k, r.tree, {**r.spec, "draft_dtype": d}, r.head, d, r.graft_tokens)
             for r in rows if r.method not in ("none", "ngram") for d in draft_dtypes]
     return [r for r in rows if methods is None or r.method in methods or r.method == "none"]  # plain: the baseline
+
+
+def drawn_tree(k: int) -> str:
+    """The tree EAGLE drafts at T > 0 with its children drawn from q (`draft_sample_method` "probabilistic"
+    with a static tree): DRAWN_ROOT_CHILDREN at the root, and under the first a chain down to depth k."""
+    nodes = [(i,) for i in range(DRAWN_ROOT_CHILDREN)] + [(0,) * d for d in range(2, k + 1)]
+    return "[" + ", ".join("(" + ", ".join(map(str, n)) + ("," if len(n) == 1 else "") + ")" for n in nodes) + "]"
 
 
 def eagle_trees(k: int) -> list[Row]:
@@ -261,7 +280,8 @@ def bench_heads(args) -> None:
     with shared_weights():
         plain = LLM(args.target, max_num_seqs=4, kv_cache_gb=0.25, dtype=dtype)
         graft_tokens = getattr(args, "graft_tokens", GRAFT_TOKENS)
-        budgets = sorted({*ks, *(k + graft_tokens for k in ks if graft_tokens)})  # a grafted row's k: tree + chain
+        budgets = sorted({*ks, *(k + graft_tokens for k in ks if graft_tokens),  # a grafted row's k: tree + chain
+                          *(drawn_tree(k).count("(") for k in ks if any(t > 0 for t in args.temperatures))})
         v = {k: forward_seconds(plain.model, tokens=k + 1) / forward_seconds(plain.model) for k in budgets}
         print("a (k + 1)-token target forward costs v_k decode steps (pred = tau / (v_k + k c)): "
               + ", ".join(f"v_{k} = {v[k]:.2f}" for k in budgets))
@@ -302,7 +322,8 @@ def best_rows(table: list[dict]) -> list[dict]:
         key = (r["set"], r["temperature"], r["method"], r.get("head"), r.get("graft_method"))
         if key not in best or r["speedup"] > best[key]["speedup"]:
             best[key] = r
-    return [{k: r.get(k) for k in ("set", "temperature", "method", "head", "k", "tree", "draft_vocab_size", "draft_dtype",
+    return [{k: r.get(k) for k in ("set", "temperature", "method", "head", "k", "tree", "draft_sample_method",
+                                   "draft_vocab_size", "draft_dtype",
                                    "graft_method", "graft_tokens", "speedup", "speedup_range", "decode_speedup",
                                    "mean_acceptance_length", "identical")}
             for r in best.values()]
@@ -312,6 +333,7 @@ def print_best(best: list[dict]) -> None:
     print("\nbest configuration per method (highest median speedup over k, trees, draft vocabularies and dtypes):")
     for b in best:
         how = (b["tree"] or ("chain" + (f", vocab {b['draft_vocab_size']}" if b["draft_vocab_size"] else ""))) \
+            + (", drawn" if b["tree"] and b.get("draft_sample_method") == "probabilistic" else "") \
             + (f", head {Path(b['head']).name}" if b.get("head") else "") \
             + (f", {b['draft_dtype']} draft" if b.get("draft_dtype") else "") \
             + (f" + {b['graft_method']} {b['graft_tokens']}" if b.get("graft_method") else "")
@@ -336,6 +358,7 @@ def report_row(r: Row, kind: str, temperature: float, cell: dict, plain: dict, v
     identical = cell["outputs"] == plain["outputs"] if temperature == 0 else None
     vocab = (r.spec or {}).get("draft_vocab_size")
     row = {"set": kind, "temperature": temperature, "method": r.method, "head": r.head, "k": r.k, "tree": r.tree,
+           "draft_sample_method": (r.spec or {}).get("draft_sample_method"),
            "draft_vocab_size": vocab, "draft_dtype": r.draft_dtype,
            "graft_method": (r.spec or {}).get("graft_method"), "graft_tokens": r.graft_tokens,
            "tok_per_s": 1 / statistics.median(per_token), "speedup": statistics.median(ratios),
@@ -352,6 +375,7 @@ def report_row(r: Row, kind: str, temperature: float, cell: dict, plain: dict, v
     decode = f"{row['decode_speedup']:.2f}x ({min(decode_ratios):.2f}-{max(decode_ratios):.2f})"
     same = "" if identical is None else ("yes" if identical else "NO")
     label = (r.tree or ("chain" + (f", vocab {vocab}" if vocab else ""))) if spec else ""
+    label += ", drawn" if r.tree and (r.spec or {}).get("draft_sample_method") == "probabilistic" else ""
     label += f", head {Path(r.head).name}" if r.head else ""
     label += f", {r.draft_dtype} draft" if r.draft_dtype else ""
     label += f" + ngram {r.graft_tokens}" if r.graft_tokens else ""

@@ -37,7 +37,7 @@ from speclab.models.llama import LlamaForCausalLM
 from speclab.sampling import keyed_sample, logits_to_probs
 from speclab.verify import PLACEHOLDER_TOKEN_ID, draw_noise, draw_uniforms, verify_greedy_step
 from speclab.verify.backend import get_rejection_sampler
-from speclab.verify.tree import sample_tree
+from speclab.verify.tree import sample_tree, sample_tree_drawn
 from speclab.verify.tree import walk as tree_walk
 
 
@@ -148,7 +148,8 @@ class ModelRunner:
 
     def _verify_tree(self, s: ScheduledRequest, logits: torch.Tensor) -> tuple[list[int], list[int]]:
         """Greedy and seeded requests walk the tree against the target's own sample at each node; the
-        others sample it exactly with the engine's stream (deterministic children: `sample_tree`)."""
+        others sample it exactly with the engine's stream: `sample_tree` for top-k children (point
+        masses), `sample_tree_drawn` for children drawn from q (their q rows came with the drafts)."""
         p, tree, drafts = s.request.params, s.tree, s.request.spec_token_ids[:s.num_draft_tokens]
         if p.greedy:
             return tree_walk(tree, drafts, logits.max(-1).indices)  # argmax's first maximum, 3x faster on a CPU
@@ -156,6 +157,9 @@ class ModelRunner:
         if p.seed is not None:  # row i decides output position num_output_tokens + depth(i)
             keys = [s.num_output_tokens + d for d in tree.depths]
             return tree_walk(tree, drafts, keyed_sample(probs, p.seed, keys))
+        q = s.request.spec_draft_probs
+        if q is not None:
+            return sample_tree_drawn(tree, drafts, probs, q[:s.num_draft_tokens].to(probs.device), self.generator)
         return sample_tree(tree, drafts, probs, self.generator)
 
     def _compact(self, s: ScheduledRequest, path: list[int]) -> None:
@@ -251,9 +255,10 @@ class ModelRunner:
     def _limit(p, k: int, left: int) -> tuple:
         """At most k drafts and `left` (the tokens left before max_tokens); a tree keeps its first k
         nodes (a policy's k is the verified budget) down to depth `left` (what it can still accept)."""
-        if p.tree is not None:
+        if p.tree is not None:  # a breadth-first prefix: its nodes' q rows (drawn children) are the first rows
             tree = p.tree.truncate(min(k, p.tree.num_nodes)).up_to_depth(left)
-            return p.token_ids[:tree.num_nodes], None, tree
+            q = None if p.draft_probs is None else p.draft_probs[:tree.num_nodes]
+            return p.token_ids[:tree.num_nodes], q, tree
         n = min(k, left)
         return p.token_ids[:n], None if p.draft_probs is None else p.draft_probs[:n]
 

@@ -35,7 +35,7 @@ from speclab.kv_cache import KVCacheManager, NoFreeBlocksError
 from speclab.models.draft_vocab import ReducedLMHead, kept_tokens, load_ranking
 from speclab.models.hub import check_pair, model_directory
 from speclab.models.llama import LlamaForCausalLM, load_llama
-from speclab.proposers.tree_drafting import TreeShape, check_tree, draft_trees, tree_mask
+from speclab.proposers.tree_drafting import TreeShape, check_tree, draft_trees, draw_siblings, tree_mask
 
 __all__ = ["SAMPLE_METHODS", "DraftModelProposer", "from_config", "load_draft"]
 
@@ -116,10 +116,11 @@ class DraftModelProposer(Proposer):
             rows = iter(self._forward(chunks, every_row=True).split([len(c[1]) for c in chunks]))
             return [next(rows) if nodes else None for nodes in batch]
 
-        grown = iter(draft_trees(root, self.tree, run))
+        draws = [draw_siblings(r.params, self.generator) for r in active] if self.sample_method != "greedy" else None
+        grown = iter(draft_trees(root, self.tree, run, draws))
         for r in active:
             self.computed[r.request_id] = r.num_tokens  # the tree's slots are scratch
-        return [Proposal(*_tokens_and_tree(next(grown))) if k > 0 else Proposal([]) for k in max_drafts]
+        return [Proposal(*_tokens_q_and_tree(next(grown))) if k > 0 else Proposal([]) for k in max_drafts]
 
     def _reconcile(self, r: Request) -> int:
         """Drop cached positions that may not hold committed tokens; return where the catch-up starts."""
@@ -164,9 +165,9 @@ class DraftModelProposer(Proposer):
         return target_blocks + max_num_seqs * math.ceil((k + 1) / block_size)
 
 
-def _tokens_and_tree(grown) -> tuple:
-    tokens, tree = grown
-    return tokens, None, tree  # children are top-k: point masses, no q
+def _tokens_q_and_tree(grown) -> tuple:
+    tokens, tree, q = grown
+    return tokens, q, tree  # q None: top-k children, point masses
 
 
 def load_draft(name, context: ProposerContext, draft_vocab_size: int | None = None, dtype: torch.dtype | None = None):

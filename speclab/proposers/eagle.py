@@ -34,7 +34,7 @@ from speclab.engine.proposer import (SAMPLE_METHODS, Proposal, Proposer, Propose
 from speclab.engine.request import Request
 from speclab.models.heads import DEFAULT_HEADS, load_head
 from speclab.models.smollm2 import NAMES as SMOLLM2
-from speclab.proposers.tree_drafting import TreeShape, check_tree, draft_trees, tree_mask
+from speclab.proposers.tree_drafting import TreeShape, check_tree, draft_trees, draw_siblings, tree_mask
 
 __all__ = ["SAMPLE_METHODS", "EagleProposer", "from_config", "load_head_for", "draft_tokens"]
 
@@ -123,9 +123,10 @@ class EagleProposer(Proposer):
                 out.append(self.head.logits(g_b))
             return out
 
-        grown = dict(zip((r.request_id for r in active), draft_trees(self.head.logits(g_active), self.tree, run)))
-        return [Proposal(grown[r.request_id][0], None, grown[r.request_id][1]) if r.request_id in grown
-                else Proposal([]) for r in requests]
+        draws = [draw_siblings(r.params, self.generator) for r in active] if self.sample_method != "greedy" else None
+        grown = dict(zip((r.request_id for r in active), draft_trees(self.head.logits(g_active), self.tree, run, draws)))
+        return [Proposal(grown[r.request_id][0], grown[r.request_id][2], grown[r.request_id][1])
+                if r.request_id in grown else Proposal([]) for r in requests]
 
     def _first_pass(self, forward: TargetForward) -> dict[str, torch.Tensor]:
         """The head over every running request's committed rows of this forward; its last g per request."""

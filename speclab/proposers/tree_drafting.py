@@ -14,7 +14,13 @@ to choose the shape:
   probabilities along its path. At the end the `speculative_num_draft_tokens - 1` most valuable nodes
   of the whole tree are kept (a connected tree: a node is never worth more than its parent).
 Children are the drafter's top-k at a node, a deterministic function of the prefix, so the verifier
-treats each as a point mass (speclab.verify.tree.sample_tree): exact whatever the shape.
+treats each as a point mass (speclab.verify.tree.sample_tree): exact whatever the shape. With
+`draft_sample_method: "probabilistic"` (speclab's, static trees only) a sampled request's children
+are instead drawn from the drafter's q at the node without replacement, in rank order, and each
+keeps that q for the verifier (speclab.verify.tree.sample_tree_drawn): at T = 1 a top-k child is
+kept with probability p(x) alone, a drawn one with min(1, p/q), and on SmolLM2's qa and chat chats
+three drawn children at the root were accepted 0.60 and 0.51 of the time, three top-k ones 0.39 and
+0.34 (one drawn child: 0.45 and 0.35).
 
 The drafter gives `draft_trees` one callback, `run(nodes)`: per request, the nodes to run now, each
 a `TreeNode` whose `slot` is its index among the nodes run so far (the drafter writes its key and
@@ -28,9 +34,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from speclab.sampling import logits_to_probs
 from speclab.verify.tree import TokenTree, from_parents, parse_tree
 
-__all__ = ["TreeShape", "TreeNode", "check_tree", "draft_trees", "tree_mask"]
+__all__ = ["TreeShape", "TreeNode", "check_tree", "draft_trees", "draw_siblings", "tree_mask"]
 
 
 @dataclass(frozen=True)
@@ -79,9 +86,10 @@ def check_tree(tree: TreeShape | None, num_speculative_tokens: int, sample_metho
     if tree.num_nodes != num_speculative_tokens:
         raise ValueError(f"the tree has {tree.num_nodes} draft nodes and num_speculative_tokens is "
                          f"{num_speculative_tokens}: with a tree, num_speculative_tokens is its node count")
-    if sample_method != "greedy":
-        raise ValueError("a tree's children are the drafter's top-k (deterministic): draft_sample_method must be "
-                         "'greedy' with a tree (the verifier then samples exactly at any temperature)")
+    if sample_method != "greedy" and tree.static is None:
+        raise ValueError("EAGLE-2's dynamic tree ranks its nodes by the draft's confidence, so its children are the "
+                         "drafter's top-k: draft_sample_method must be 'greedy' with a dynamic tree (a static "
+                         "speculative_token_tree may draw its children with 'probabilistic')")
 
 
 @dataclass
@@ -96,6 +104,7 @@ class TreeNode:
     slot: int = -1  # index among the nodes run so far (-1: not run)
     sees: list[int] = field(default_factory=list)
     logits: torch.Tensor | None = None
+    q: torch.Tensor | None = None  # (V,) the distribution the node was drawn from (its parent's); None: top-k
 
 
 def tree_mask(nodes: list[TreeNode]) -> torch.Tensor:
@@ -107,17 +116,37 @@ def tree_mask(nodes: list[TreeNode]) -> torch.Tensor:
     return mask
 
 
-def draft_trees(root_logits: torch.Tensor, shape: TreeShape, run) -> list[tuple[list[int], TokenTree]]:
+def draft_trees(root_logits: torch.Tensor, shape: TreeShape, run, draws=None) -> list[tuple]:
     """Grow one tree per request from the drafter's logits at each root (B, V).
 
     Args:
         run: callback, list (per request) of lists of TreeNode to run -> list of (m_b, V) logits.
+        draws: for a static tree, per request None (top-k children) or a callback (logits row, m) ->
+            (m tokens, q) or None, drawing a node's m children (`draw_siblings`).
     Returns:
-        per request, (tokens of nodes 1..N, their TokenTree), breadth first.
+        per request, (tokens of nodes 1..N, their TokenTree, (N, V) q rows or None), breadth first.
     """
     trees = [[TreeNode(-1, -1, 0, 0, logits=row)] for row in root_logits]
-    grow = _grow_static if shape.static is not None else _grow_dynamic
-    return [_finish(nodes, shape) for nodes in grow(trees, shape, run)]
+    if shape.static is not None:
+        return [_finish(nodes, shape) for nodes in _grow_static(trees, shape, run, draws or [None] * len(trees))]
+    return [_finish(nodes, shape) for nodes in _grow_dynamic(trees, shape, run)]
+
+
+def draw_siblings(params, generator: torch.Generator | None):
+    """A sampled request's `draws` callback: a node's m children drawn from its q (the request's
+    temperature, top-k, top-p, as the target's p) without replacement, from `generator`. None for a
+    greedy or seeded request: top-k children, which the verifier walks against the target's own
+    sample (where the most likely children are the best bet)."""
+    if params.greedy or params.seed is not None:
+        return None
+
+    def draw(logits: torch.Tensor, m: int) -> tuple[list[int], torch.Tensor]:
+        q = logits_to_probs(logits, params.temperature, params.top_k, params.top_p)
+        tokens = torch.multinomial(q, min(m, int((q > 0).sum())), replacement=False, generator=generator).tolist()
+        if len(tokens) < m:  # q's whole support is drawn: the other children are never tested (q = 0)
+            tokens += [t for t in logits.topk(m + len(tokens)).indices.tolist() if t not in tokens][:m - len(tokens)]
+        return tokens, q
+    return draw
 
 
 def _run(trees, wanted, run) -> None:
@@ -146,22 +175,28 @@ def _ancestors(nodes, i) -> list[int]:
     return out[::-1]
 
 
-def _children(nodes, i, ranks) -> None:
-    """Add node i's children of the given ranks (its drafter's top-k)."""
+def _children(nodes, i, ranks, draw=None) -> None:
+    """Add node i's children of the given ranks: its drafter's top-k, or with `draw` its first len(ranks)
+    draws from q, in rank order."""
+    drawn = draw(nodes[i].logits, len(ranks)) if draw is not None else None
+    if drawn is not None:
+        tokens, q = drawn
+        nodes.extend(TreeNode(t, i, nodes[i].depth + 1, r, q=q) for t, r in zip(tokens, ranks))
+        return
     logp = torch.log_softmax(nodes[i].logits.float(), -1)
     top = torch.topk(logp, max(ranks) + 1)
     for r in ranks:
         nodes.append(TreeNode(int(top.indices[r]), i, nodes[i].depth + 1, r, nodes[i].value + float(top.values[r])))
 
 
-def _grow_static(trees, shape: TreeShape, run):
+def _grow_static(trees, shape: TreeShape, run, draws):
     tree = shape.static
     for depth in range(1, tree.max_depth + 1):
         parents = sorted({tree.parents[i] for i in range(1, tree.num_nodes + 1) if tree.depths[i] == depth})
         _run(trees, [[p for p in parents if p > 0] for _ in trees], run)  # the root's logits are known
-        for nodes in trees:
+        for nodes, draw in zip(trees, draws):
             for p in parents:
-                _children(nodes, p, [tree.ranks[c] for c in tree.children[p]])
+                _children(nodes, p, [tree.ranks[c] for c in tree.children[p]], draw)
     return trees  # node i of each list is node i of the static tree (both breadth first, rank order)
 
 
@@ -187,9 +222,10 @@ def _grow_dynamic(trees, shape: TreeShape, run):
     return out
 
 
-def _finish(nodes: list[TreeNode], shape: TreeShape) -> tuple[list[int], TokenTree]:
-    """Tokens of nodes 1..N and their TokenTree."""
+def _finish(nodes: list[TreeNode], shape: TreeShape) -> tuple:
+    """Tokens of nodes 1..N, their TokenTree, and their q rows ((N, V), or None for top-k children)."""
     tokens = [n.token for n in nodes[1:]]
     if shape.static is not None:
-        return tokens, shape.static
-    return tokens, from_parents([n.parent for n in nodes], [n.rank for n in nodes])
+        q = torch.stack([n.q for n in nodes[1:]]) if nodes[1].q is not None else None
+        return tokens, shape.static, q
+    return tokens, from_parents([n.parent for n in nodes], [n.rank for n in nodes]), None

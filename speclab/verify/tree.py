@@ -37,7 +37,7 @@ from functools import cached_property
 import torch
 
 __all__ = ["TokenTree", "chain", "star_literal", "parse_tree", "from_parents", "walk", "sample_tree",
-           "recursive_rejection_sample", "draw_children"]
+           "recursive_rejection_sample", "draw_children", "sample_tree_drawn"]
 
 FIX = ('write it as vLLM does: a list of paths of child ranks, parents before children, e.g. '
        '"[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]"')
@@ -274,3 +274,37 @@ def recursive_rejection_sample(p: torch.Tensor, drafts, q: torch.Tensor, *, with
     if noise is not None:
         return -1, int((r / noise.double()).argmax())
     return -1, int(torch.multinomial(r, 1, generator=generator))
+
+
+def sample_tree_drawn(tree: TokenTree, tokens, probs: torch.Tensor, draft_probs: torch.Tensor,
+                      generator: torch.Generator | None = None) -> tuple[list[int], list[int]]:
+    """Exact sampling over a tree whose siblings were drawn from the drafter's q without replacement
+    (speclab's `draft_sample_method: "probabilistic"` with a static tree; Jeon et al.'s recursive
+    rejection sampling at every node).
+
+    At a node, its children in rank order are the drafter's draws from q there, each from q with the
+    earlier ones removed: `recursive_rejection_sample` keeps one of them (the walk goes on inside it)
+    or emits a token from what is left of p (the walk ends). A leaf emits from p. Children past the end
+    of q's support (a top-k or top-p q with fewer tokens than the node has children) are never tested.
+
+    Args:
+        tokens: (N,) drafted tokens of nodes 1..N; probs: (N + 1, V) the target's probabilities at
+            each node; draft_probs: (N, V), row i - 1 the q node i was drawn from (its parent's, so
+            siblings share a row).
+    Returns:
+        (accepted nodes in path order, tokens to append).
+    """
+    tokens = [int(t) for t in tokens]
+    node, path = 0, []
+    while True:
+        kids = tree.children[node]
+        if kids:
+            i, x = recursive_rejection_sample(probs[node], [tokens[c - 1] for c in kids], draft_probs[kids[0] - 1],
+                                              without_replacement=True, generator=generator)
+        else:
+            p = probs[node].double()
+            i, x = -1, int(torch.multinomial(p / p.sum(), 1, generator=generator))
+        if i < 0:
+            return path, [tokens[c - 1] for c in path] + [x]
+        path.append(kids[i])
+        node = kids[i]
