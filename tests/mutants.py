@@ -91,3 +91,14 @@ def drawn_siblings_verified_as_iid(p, drafts, q, *, without_replacement, generat
     without replacement are tested against the original q every time (SpecInfer's update for i.i.d. siblings)."""
     return _recursive_rejection_sample(p, drafts, q, without_replacement=False, generator=generator,
                                        uniforms=uniforms, noise=noise)
+
+
+def on_support_forgetting_the_rest(p, drafts, q, generator):
+    """MUTANT of `speclab.verify.tree._on_support`: recursive rejection sampling over q's support only, as if
+    the target could say nothing the draft vocabulary lacks (p restricted there and renormalised)."""
+    support = torch.unique(torch.cat([q.nonzero().flatten(), torch.tensor(drafts)]))
+    index = {int(t): j for j, t in enumerate(support.tolist())}
+    p_s = p.double()[support]
+    i, y = _recursive_rejection_sample(p_s / p_s.sum(), [index[d] for d in drafts], q[support].double(),
+                                       without_replacement=True, generator=generator)
+    return i, int(support[y])

