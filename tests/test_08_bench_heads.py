@@ -140,3 +140,24 @@ def test_eagle_heads_repeats_every_eagle_row_per_head_and_keeps_a_best_row_for_e
     assert sorted((b["head"], b["speedup"]) for b in best) == [("/tmp/new-head", 1.4), ("eagle-smollm2", 1.2)]
     only = rows_for(True, 4, 0.0, "smollm2-draft", methods=["eagle"])   # --head-methods eagle: plain stays
     assert [r.method for r in only] == ["none"] + ["eagle"] * 5
+
+
+def test_at_t_above_0_eagle_trees_run_with_children_drawn_from_q():
+    """At T > 0 `bench heads` runs EAGLE's static tree once more with its children drawn from q, and the drawn tree
+    (DRAWN_ROOT_CHILDREN at the root, a chain under the first down to depth k); at T = 0 neither (greedy drafts)."""
+    from speclab.bench.heads import DRAWN_ROOT_CHILDREN, drawn_tree, rows_for
+    from speclab.spec_config import SpeculativeConfig
+    from speclab.verify.tree import parse_tree
+
+    assert drawn_tree(3) == "[(0,), (1,), (2,), (0, 0), (0, 0, 0)]"
+    for k in range(1, 6):
+        tree = parse_tree(drawn_tree(k))
+        assert tree.num_nodes == DRAWN_ROOT_CHILDREN + k - 1 and tree.max_depth == k
+
+    def drawn(rows):
+        return [r for r in rows if r.tree and (r.spec or {}).get("draft_sample_method") == "probabilistic"]
+    hot = rows_for(True, 3, 1.0, "smollm2-draft", methods=["eagle"])
+    assert [(r.tree, r.k) for r in drawn(hot)] == [("[(0,), (1,), (2,)]", 3), (drawn_tree(3), 5)]
+    for r in drawn(hot):
+        SpeculativeConfig.from_dict(r.spec)  # a valid config: a static tree may draw its children
+    assert drawn(rows_for(True, 3, 0.0, "smollm2-draft", methods=["eagle"])) == []

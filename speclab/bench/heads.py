@@ -91,7 +91,9 @@ DYNAMIC_TREES = {6: (3, 3), 8: (3, 4), 12: (4, 4)}  # k -> (speculative_num_step
 # rounds, qa / chat: the chain of 3 1.64 / 1.45; drawn, 2 root children 1.79 / 1.50, 3 1.92 / 1.59, 4 1.85 / 1.65,
 # [(0,), (1,), (2,), (0, 0), (0, 1), (0, 0, 0)] 1.93 / 1.60, 3 children and a chain to depth 4 1.76 / 1.58. Speedup
 # over 4 chats per set, 3 interleaved rounds (load 0.8-1.0): the chain 1.24 / 1.19x, 2 root children 1.31 / 1.18x,
-# 3 1.28 / 1.28x (4 and 5 children, before the drawing and the walk were made cheaper: below 3's on both sets).
+# 3 1.28 / 1.28x (4 and 5 children, before the drawing and the walk were made cheaper: below 3's on both sets). The
+# 3-star alone with drawn children, beside it in another run: 1.18 / 1.36x (its top-k children 1.11 / 1.26x, the
+# drawn tree 1.27 / 1.33x), so at T > 0 the static tree runs with drawn children too.
 DRAWN_ROOT_CHILDREN = 3
 
 
@@ -139,11 +141,11 @@ def rows_for(real: bool, k: int, temperature: float, draft: str, methods=None, e
                                                              "num_speculative_tokens": k, "draft_vocab_size": DRAFT_VOCAB,
                                                              "speculative_token_tree": star_literal(k)}))
     rows += trees + ([grafted(r, graft_tokens) for r in trees] if graft_tokens else [])
-    if temperature > 0:  # EAGLE's tree with its children drawn from q (speclab.proposers.tree_drafting)
-        tree = drawn_tree(k)
-        rows.append(Row("eagle", tree.count("("), tree, {"method": "eagle", "speculative_token_tree": tree,
-                                                           "num_speculative_tokens": tree.count("("),
-                                                           "draft_sample_method": "probabilistic"}))
+    if temperature > 0:  # EAGLE's static tree and drawn tree with their children drawn from q (tree_drafting)
+        for tree in dict.fromkeys([STATIC_TREES[k]] * (k in STATIC_TREES) + [drawn_tree(k)]):
+            rows.append(Row("eagle", tree.count("("), tree, {"method": "eagle", "speculative_token_tree": tree,
+                                                               "num_speculative_tokens": tree.count("("),
+                                                               "draft_sample_method": "probabilistic"}))
     if eagle_heads:  # every EAGLE row once per head
         rows = [r for r in rows if r.method != "eagle"] + [
             Row(r.method, r.k, r.tree, {**r.spec, "model": h}, h, r.draft_dtype, r.graft_tokens)
