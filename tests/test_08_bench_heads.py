@@ -21,8 +21,9 @@ from speclab.bench.heads import EMBEDDED_METHODS
 def test_bench_heads_writes_one_consistent_row_per_method_and_set(tmp_path, capsys):
     path = tmp_path / "heads.json"
     main(["heads", "--max-tokens", "8", "--num-prompts", "1", "--temperatures", "0", "--k", "4", "--repeats", "2",
-          "--json", str(path)])
+          "--seed", "3", "--json", str(path)])
     report = json.loads(path.read_text())
+    assert report["seed"] == 3  # the engines' stream, written beside the rows
     assert {"cpu", "cores", "threads", "load_average"} <= set(report["machine"])
     assert report["dtype"] == "float32"  # the first of --dtypes, float32 unless told
     rows = report["rows"]

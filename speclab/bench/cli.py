@@ -335,6 +335,8 @@ def main(argv=None) -> None:
     ap.add_argument("--draft-dtypes", nargs="+", default=None, choices=list(DRAFT_DTYPES),
                     help="heads: run every model drafter's row (draft model, heads, trees) once per dtype "
                          "(speculative_config's draft_dtype; default: the target's dtype), e.g. float32 bfloat16")
+    ap.add_argument("--seed", type=int, default=0, help="heads: the engines' stream; at T > 0 runs with one seed sample "
+                                                        "the same answers, another seed other ones (default 0)")
     ap.add_argument("--json", default=None, help="heads: write the rows as JSON to this path")
     args = ap.parse_args(argv)
     if args.graft_tokens < 0:

@@ -229,7 +229,9 @@ def run_set(llm, prompts, temperature: float, max_tokens: int, chat: bool) -> tu
 
 def measure(rows, prompt_sets, temperature, args, real) -> dict:
     """Interleaved rounds: (row index, set) -> {"seconds": [...], "tokens": [...], "outputs", "stats", "propose"}."""
-    small = dict(max_num_seqs=4, kv_cache_gb=0.25, dtype=args.dtypes[0])  # batch 1: a small pool per row
+    # batch 1: a small pool per row; every row's engine on the same stream (--seed), so at T > 0 runs with one seed
+    # sample alike and repeat the timing, and another seed samples other answers
+    small = dict(max_num_seqs=4, kv_cache_gb=0.25, dtype=args.dtypes[0], seed=getattr(args, "seed", 0))
     llms = [LLM(args.target, speculative_config=r.spec, **small) for r in rows]
     timers = [time_proposer(llm) for llm in llms]
     prefill = {}  # id(target model) -> its prefill timer
@@ -280,7 +282,8 @@ def bench_heads(args) -> None:
     info = machine_info()
     dtype = args.dtypes[0]
     print(f"{args.target} in {dtype}: batch 1, k = {' '.join(map(str, ks))} (a tree: k nodes), {args.max_tokens} new "
-          f"tokens, {args.num_prompts} prompts per set, {args.repeats} interleaved rounds; {info['cpu']}, {info['cores']} "
+          f"tokens, {args.num_prompts} prompts per set, {args.repeats} interleaved rounds, seed {getattr(args, 'seed', 0)}; "
+          f"{info['cpu']}, {info['cores']} "
           f"cores, torch {info['torch']} with {info['threads']} thread(s); load average {info['load_average']}")
     table = []
     with shared_weights():
@@ -313,7 +316,8 @@ def bench_heads(args) -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": info, "target": args.target, "dtype": dtype, "ks": ks,
                                                "max_tokens": args.max_tokens, "num_prompts": args.num_prompts,
-                                               "repeats": args.repeats, "rows": table, "best": best}, indent=1) + "\n")
+                                               "repeats": args.repeats, "seed": getattr(args, "seed", 0), "rows": table,
+                                               "best": best}, indent=1) + "\n")
         print(f"wrote {args.json}")
 
 
