@@ -383,14 +383,15 @@ def test_engine_drawn_tree_samples_follow_the_target(broken, llama_pair, monkeyp
 
 
 def test_seeded_tree_requests_are_drafter_invariant(llama_pair):
-    """A seeded request's output is the target's keyed sample at every position: the same with a tree,
-    a chain, or no drafts at all."""
+    """A seeded request's output is the target's keyed sample at every position: the same with a tree (its
+    children top-k, or drawn for the unseeded: a seeded request still gets top-k), a chain, or no drafts at all."""
     _, target, draft = llama_pair
     params = [SamplingParams(temperature=1.0, max_tokens=12, seed=s, ignore_eos=True) for s in range(8)]
     plain = LLMEngine(load_llama(target), num_kv_blocks=512, block_size=4)
     want = [run_engine(plain, [EPROMPT], p)[0] for p in params]
-    eng = tree_engine(target, draft)
-    assert [run_engine(eng, [EPROMPT], p)[0] for p in params] == want
+    for sample_method in ("greedy", "probabilistic"):
+        eng = tree_engine(target, draft, sample_method=sample_method)
+        assert [run_engine(eng, [EPROMPT], p)[0] for p in params] == want, sample_method
 
 
 def test_server_takes_tree_keys_and_counts_tree_drafts_by_depth():

@@ -22,7 +22,9 @@ Two ways to draft siblings, two exact rules (Jeon et al., ICML 2024; EAGLE-2's e
   replacement), q_i = q for every sibling (SpecInfer's MSS); drawn without replacement, q_{i+1} is q
   with the drawn tokens removed and renormalised, the proposal x_{i+1} was actually drawn from.
   Verifying with-replacement siblings with the without-replacement update is the classic bug: the
-  law test catches it (tests/test_10_tree.py).
+  law test catches it (tests/test_10_tree.py). The engine draws children so (without replacement)
+  for a sampled request under `draft_sample_method: "probabilistic"` with a static tree, and walks
+  them with `sample_tree_drawn`; otherwise its children are the drafter's top-k.
 Greedy and seeded requests walk the tree against the target's own sample at each node (its argmax,
 or its keyed race sample): a child is kept iff it equals that sample, so the output is the target's
 sample at every position whatever was drafted.
