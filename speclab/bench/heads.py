@@ -7,7 +7,9 @@ the embedded target; EAGLE on SmolLM2), and the trees (lesson 10): EAGLE's stati
 and EAGLE-2 dynamic tree, and on SmolLM2 the draft model's star (its k most likely next tokens), each with
 as many nodes as the chain has drafts, so chain and trees verify the same number of tokens per step; and
 every tree once more with prompt lookup's chain of up to `--graft-tokens` tokens grafted in (`graft_method`,
-speclab.proposers.graft: its k, the verified budget, is the tree's nodes plus the chain's).
+speclab.proposers.graft: its k, the verified budget, is the tree's nodes plus the chain's). At T > 0 EAGLE's static
+tree runs once more with its children drawn from q, and so does the drawn tree (`drawn_tree`; `draft_sample_method`
+"probabilistic" with a static tree, speclab.proposers.tree_drafting); `--seed` picks the engines' stream.
 Every row is one LLM; the rows share the target's weights (`speclab.llm.shared_weights`). `--repeats` interleaved rounds: in each round every row runs every
 set once, so drifting load falls on all rows alike; times are medians over the rounds and a
 speedup's range is over the rounds (each against the plain row of its own round).
@@ -49,7 +51,7 @@ from speclab.models.smollm2_draft import DRAFT_VOCAB
 from speclab.proposers.graft import GRAFT_TOKENS, NGRAM_GRAFT
 from speclab.sampling_params import SamplingParams
 from speclab.timing import forward_seconds, machine_info, timed, wrap_timed
-from speclab.verify.tree import star_literal
+from speclab.verify.tree import parse_tree, star_literal
 
 EMBEDDED_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "medusa", "mtp")
 # EAGLE's static trees at a verified budget of k nodes (the chain's k), chosen by measurement: SmolLM2's
@@ -143,9 +145,9 @@ def rows_for(real: bool, k: int, temperature: float, draft: str, methods=None, e
     rows += trees + ([grafted(r, graft_tokens) for r in trees] if graft_tokens else [])
     if temperature > 0:  # EAGLE's static tree and drawn tree with their children drawn from q (tree_drafting)
         for tree in dict.fromkeys([STATIC_TREES[k]] * (k in STATIC_TREES) + [drawn_tree(k)]):
-            rows.append(Row("eagle", tree.count("("), tree, {"method": "eagle", "speculative_token_tree": tree,
-                                                               "num_speculative_tokens": tree.count("("),
-                                                               "draft_sample_method": "probabilistic"}))
+            n = parse_tree(tree).num_nodes
+            rows.append(Row("eagle", n, tree, {"method": "eagle", "speculative_token_tree": tree,
+                                               "num_speculative_tokens": n, "draft_sample_method": "probabilistic"}))
     if eagle_heads:  # every EAGLE row once per head
         rows = [r for r in rows if r.method != "eagle"] + [
             Row(r.method, r.k, r.tree, {**r.spec, "model": h}, h, r.draft_dtype, r.graft_tokens)
@@ -290,7 +292,7 @@ def bench_heads(args) -> None:
         plain = LLM(args.target, max_num_seqs=4, kv_cache_gb=0.25, dtype=dtype)
         graft_tokens = getattr(args, "graft_tokens", GRAFT_TOKENS)
         budgets = sorted({*ks, *(k + graft_tokens for k in ks if graft_tokens),  # a grafted row's k: tree + chain
-                          *(drawn_tree(k).count("(") for k in ks if any(t > 0 for t in args.temperatures))})
+                          *(parse_tree(drawn_tree(k)).num_nodes for k in ks if any(t > 0 for t in args.temperatures))})
         v = {k: forward_seconds(plain.model, tokens=k + 1) / forward_seconds(plain.model) for k in budgets}
         print("a (k + 1)-token target forward costs v_k decode steps (pred = tau / (v_k + k c)): "
               + ", ".join(f"v_{k} = {v[k]:.2f}" for k in budgets))
