@@ -102,3 +102,10 @@ def on_support_forgetting_the_rest(p, drafts, q, generator):
     i, y = _recursive_rejection_sample(p_s / p_s.sum(), [index[d] for d in drafts], q[support].double(),
                                        without_replacement=True, generator=generator)
     return i, int(support[y])
+
+
+def q_without_temperature(logits, temperature=1.0, top_k=0, top_p=1.0):
+    """A drafter's q that skips the request's temperature (as if T were 1): children drawn from it follow
+    the wrong law (`speclab.proposers.tree_drafting.logits_to_probs`'s stand-in in the draw test)."""
+    from speclab.sampling import logits_to_probs
+    return logits_to_probs(logits, 1.0, top_k, top_p)

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from helpers import engine_law_p_value, outputs_and_counters, run_engine
-from mutants import drawn_siblings_verified_as_iid, on_support_forgetting_the_rest, sample_tree_without_removal
+from mutants import (drawn_siblings_verified_as_iid, on_support_forgetting_the_rest, q_without_temperature,
+                     sample_tree_without_removal)
 from speclab import LLM, SamplingParams, stats
 from speclab.engine.llm_engine import LLMEngine
 from speclab.engine.model_runner import ModelRunner
@@ -186,6 +187,40 @@ def test_drawn_children_from_a_draft_vocabulary_keep_the_law(exact, monkeypatch)
         assert pv > SIGNIFICANCE, f"p={pv:.1e} (detects TV >= {stats.min_detectable_tv(n, 6):.3f})"
     else:
         assert pv < SIGNIFICANCE, f"the mutant that forgets the lumped mass passed (p={pv:.2f})"
+
+
+@pytest.mark.parametrize("vocab", [None, [0, 2, 3, 5]])
+@pytest.mark.parametrize("exact", [True, False])
+def test_drawn_siblings_follow_successive_sampling_from_q(vocab, exact, monkeypatch):
+    """`draw_siblings` (a sampled request's children, T = 0.6) over the whole vocabulary and over a draft
+    vocabulary (logits -inf elsewhere): two distinct children, q a (V,) row with no mass off the vocabulary,
+    and the ordered pair drawn with P(a, b) = q(a) q(b) / (1 - q(a)): n = 4000 pairs (12 or 30 cells: detects
+    TV >= ~0.08). A q that skips the temperature must fail."""
+    from speclab.proposers.tree_drafting import draw_siblings
+    from speclab.sampling import logits_to_probs
+    if not exact:
+        monkeypatch.setattr("speclab.proposers.tree_drafting.logits_to_probs", q_without_temperature)
+    g = torch.Generator().manual_seed(4)
+    V = 6
+    logits = torch.tensor([1.2, -0.3, 0.4, 2.0, -1.0, 0.9])
+    if vocab is not None:
+        logits[[t for t in range(V) if t not in vocab]] = float("-inf")
+    want_q = logits_to_probs(logits, 0.6, 0, 1.0).double()
+    draw = draw_siblings(SamplingParams(temperature=0.6), g, None if vocab is None else torch.tensor(vocab))
+    n, counts = 4000, np.zeros((V, V))
+    for _ in range(n):
+        (a, b), q = draw(logits, 2)
+        assert a != b and q.shape == (V,)
+        counts[a, b] += 1
+    if exact:
+        torch.testing.assert_close(q.double(), want_q, rtol=1e-6, atol=1e-7)
+    cells = [(a, b) for a in range(V) for b in range(V) if a != b and want_q[a] > 0 and want_q[b] > 0]
+    expected = np.array([float(want_q[a] * want_q[b] / (1 - want_q[a])) for a, b in cells])
+    pv = stats.chi2_gof(np.array([counts[c] for c in cells]), expected / expected.sum())
+    if exact:
+        assert pv > SIGNIFICANCE, f"p={pv:.1e} (detects TV >= {stats.min_detectable_tv(n, len(cells)):.3f})"
+    else:
+        assert pv < SIGNIFICANCE, f"the q-without-temperature mutant passed (p={pv:.2f})"
 
 
 def test_tree_walk_is_greedy_and_keeps_the_matching_branch():

@@ -63,6 +63,7 @@ class DraftModelProposer(Proposer):
         self.tree = tree
         self.model = model
         self.logits = model.compute_logits if d2t is None else ReducedLMHead(model.lm_head.weight, d2t)
+        self.d2t = d2t
         self.num_speculative_tokens = num_speculative_tokens
         self.kv = KVCacheManager(num_kv_blocks, block_size)
         self.caches = model.allocate_kv_cache(num_kv_blocks, block_size)
@@ -116,7 +117,8 @@ class DraftModelProposer(Proposer):
             rows = iter(self._forward(chunks, every_row=True).split([len(c[1]) for c in chunks]))
             return [next(rows) if nodes else None for nodes in batch]
 
-        draws = [draw_siblings(r.params, self.generator) for r in active] if self.sample_method != "greedy" else None
+        draws = ([draw_siblings(r.params, self.generator, self.d2t) for r in active] if self.sample_method != "greedy"
+                 else None)
         grown = iter(draft_trees(root, self.tree, run, draws))
         for r in active:
             self.computed[r.request_id] = r.num_tokens  # the tree's slots are scratch

@@ -123,7 +123,9 @@ class EagleProposer(Proposer):
                 out.append(self.head.logits(g_b))
             return out
 
-        draws = [draw_siblings(r.params, self.generator) for r in active] if self.sample_method != "greedy" else None
+        vocab = self.head.d2t if self.head.cfg.draft_vocab_size else None  # the tokens its logits score
+        draws = ([draw_siblings(r.params, self.generator, vocab) for r in active] if self.sample_method != "greedy"
+                 else None)
         grown = dict(zip((r.request_id for r in active), draft_trees(self.head.logits(g_active), self.tree, run, draws)))
         return [Proposal(grown[r.request_id][0], grown[r.request_id][2], grown[r.request_id][1])
                 if r.request_id in grown else Proposal([]) for r in requests]
