@@ -223,6 +223,28 @@ def test_drawn_siblings_follow_successive_sampling_from_q(vocab, exact, monkeypa
         assert pv < SIGNIFICANCE, f"the q-without-temperature mutant passed (p={pv:.2f})"
 
 
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (2, 1.0), (0, 0.7), (3, 0.5), (10, 0.9)])
+def test_drawn_siblings_over_a_vocabulary_process_q_as_the_whole_row(top_k, top_p):
+    """Over a draft vocabulary, q is the request's processing (temperature, top-k, top-p) of the whole row, whose
+    other tokens have probability 0; the children are distinct tokens q gives mass to, or past q's support the
+    vocabulary's next best (never tested by the verifier)."""
+    from speclab.proposers.tree_drafting import draw_siblings
+    from speclab.sampling import logits_to_probs
+    g = torch.Generator().manual_seed(7)
+    vocab = torch.tensor([1, 4, 5, 8, 9])
+    logits = torch.full((12,), float("-inf"))
+    logits[vocab] = torch.tensor([0.3, 2.1, -0.4, 1.0, 0.8])
+    params = SamplingParams(temperature=0.9, top_k=top_k, top_p=top_p)
+    want = logits_to_probs(logits, 0.9, top_k, top_p)
+    draw = draw_siblings(params, g, vocab)
+    for _ in range(50):
+        tokens, q = draw(logits, 3)
+        torch.testing.assert_close(q, want, rtol=1e-6, atol=1e-7)
+        assert len(set(tokens)) == 3 and set(tokens) <= set(vocab.tolist())
+        support = int((want > 0).sum())
+        assert all(want[t] > 0 for t in tokens[:support])
+
+
 def test_tree_walk_is_greedy_and_keeps_the_matching_branch():
     t = parse_tree(TREE6)
     # nodes: 1:(0,)=5 2:(1,)=7 3:(0,0)=2 4:(0,1)=9 5:(1,0)=4 6:(0,0,0)=1
