@@ -40,6 +40,45 @@ def test_bfloat16_without_library_kernels_takes_the_few_row_kernel_at_any_row_co
     torch.testing.assert_close(y.float(), torch.nn.functional.linear(x, w).float(), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prefill_takes_onednn_on_the_plain_weight_without_a_copy(monkeypatch, dtype):
+    """More rows than the few-row kernel takes, before any packed copy is made (a prompt's prefill):
+    oneDNN's product on the plain weight (twice F.linear's speed on a Zen 5, the module docstring), the
+    same function, and no second copy of the weight."""
+    w = torch.randn(192, 64, generator=torch.Generator().manual_seed(7)).to(dtype)
+    if not packing_enabled(w):
+        pytest.skip(f"oneDNN has no {dtype} product here (packing_enabled)")
+    lin, calls = PackedLinear(w), []
+    plain = PackedLinear._plain_onednn
+    monkeypatch.setattr(PackedLinear, "_plain_onednn", lambda self, x: calls.append(x.shape[0]) or plain(self, x))
+    x = torch.randn(200, 64, generator=torch.Generator().manual_seed(8)).to(dtype)
+    y = lin(x)
+    assert calls == ([200] if lin.few_rows else []), "a prefill-sized product did not take oneDNN on the plain weight"
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(y.float(), torch.nn.functional.linear(x, w).float(), rtol=tol, atol=tol)
+    if lin.few_rows:
+        assert not lin.is_packed, "the prefill made a packed copy of the weight"
+    view = torch.randn(192, 128, generator=torch.Generator().manual_seed(9)).to(dtype)[:, :64]  # rows 128 apart
+    torch.testing.assert_close(PackedLinear(view)(x).float(), torch.nn.functional.linear(x, view).float(),
+                               rtol=tol, atol=tol)
+
+
+def test_a_weight_onednn_refuses_falls_back_to_f_linear(monkeypatch):
+    """Where oneDNN raises for a weight (a build or layout it does not take), the product is F.linear's,
+    and that weight stops asking oneDNN."""
+    w = torch.randn(192, 64, generator=torch.Generator().manual_seed(10))
+    lin = PackedLinear(w)
+    if not (lin.packable and lin.few_rows):
+        pytest.skip("no plain oneDNN path here (oneDNN or speclab's kernel missing)")
+
+    def refuse(*_args):
+        raise RuntimeError("unsupported")
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", refuse)
+    x = torch.randn(40, 64, generator=torch.Generator().manual_seed(11))
+    assert torch.equal(lin(x), torch.nn.functional.linear(x, w))
+    assert not lin.packable
+
+
 def test_packing_can_be_switched_off(monkeypatch):
     monkeypatch.setenv("SPECLAB_PACKED_LINEAR", "0")
     w = torch.randn(8, 4)

@@ -1,5 +1,5 @@
 """`python -m speclab.bench gemm` times a forward's products on every path (speclab's kernel in float32
-and on its three bfloat16 paths, F.linear, oneDNN's packed copy) and writes them as JSON. A smoke run on
+and on its three bfloat16 paths, F.linear, oneDNN on the plain weight and on its packed copy) and writes them as JSON. A smoke run on
 the embedded target's shapes; speeds printed, never asserted."""
 
 import json
@@ -18,8 +18,9 @@ def test_bench_gemm_writes_every_path_at_every_row_count(tmp_path, capsys):
     main(["gemm", "--target", "target", "--rows", "1", "5", "--rounds", "1", "--json", str(path)])
     report = json.loads(path.read_text())
     got = {(r["dtype"], r["path"], r["rows"]) for r in report["rows"]}
-    f32 = {"kernel", "F.linear", "oneDNN packed"}
-    bf16 = {f"kernel {name}" for name in bf16_kernel_paths()} | {"F.linear"} | ({"oneDNN packed"} if bf16_packing() else set())
+    f32 = {"kernel", "F.linear", "oneDNN", "oneDNN packed"}
+    bf16 = ({f"kernel {name}" for name in bf16_kernel_paths()} | {"F.linear"}
+            | ({"oneDNN", "oneDNN packed"} if bf16_packing() else set()))
     assert {"kernel best", "kernel widened"} <= bf16
     assert got == {("float32", p, m) for p in f32 for m in (1, 5)} | {("bfloat16", p, m) for p in bf16 for m in (1, 5)}
     for r in report["rows"]:

@@ -7,7 +7,8 @@ verify step): every layer's fused qkv, o, gate_up and down projection and the LM
 of the target's shapes (random values: the time depends on the shapes only), one copy per layer, so
 each product reads its weight from memory as a forward does. Columns, each a path `PackedLinear` can
 take: speclab's kernel (`cpu_gemm`: float32; bfloat16 on its best path here and on those below it the CPU has),
-`F.linear` on the (out, in) weight, and oneDNN's packed copy (what more than 16 rows take). Each cell is
+`F.linear` on the (out, in) weight, oneDNN on that weight (what more than 16 rows take until a packed copy pays)
+and oneDNN's packed copy (what a batch's verify steps of 17-64 rows take once it pays). Each cell is
 the median over `--rounds` interleaved rounds (every path at every M once per round) in ms, with the
 weights' read rate in GB/s and the cost in one-row products of the same path. Speeds are printed,
 never asserted; the machine's load average is printed beside them.
@@ -42,13 +43,13 @@ def projection_shapes(cfg: LlamaConfig) -> list[tuple[int, int]]:
 def paths(dtype: torch.dtype) -> dict:
     """name -> (prepare(weight) -> operand, product(x, operand))."""
     plain = (lambda w: w, F.linear)
-    packed = (lambda w: torch.ops.mkldnn._reorder_linear_weight(w, 4),
-              lambda x, p: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], ""))
+    onednn = (lambda w: w, lambda x, w: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""))
+    packed = (lambda w: torch.ops.mkldnn._reorder_linear_weight(w, 4), onednn[1])
     if dtype == torch.float32:
-        return {"kernel": (lambda w: w, cpu_gemm.xwt), "F.linear": plain, "oneDNN packed": packed}
+        return {"kernel": (lambda w: w, cpu_gemm.xwt), "F.linear": plain, "oneDNN": onednn, "oneDNN packed": packed}
     kernels = {f"kernel {name}": (lambda w: w, lambda x, w, name=name: cpu_gemm.xwt(x, w, name))
                for name in bf16_kernel_paths()}
-    return {**kernels, "F.linear": plain, **({"oneDNN packed": packed} if bf16_packing() else {})}
+    return {**kernels, "F.linear": plain, **({"oneDNN": onednn, "oneDNN packed": packed} if bf16_packing() else {})}
 
 
 def bf16_packing() -> bool:

@@ -36,15 +36,20 @@ The packed copy is a second copy of every weight (538 MB for float32 SmolLM2, as
 so where the kernel takes the few-row products it is made only once it pays: after PACK_AFTER calls
 with 17-64 rows (the verify steps of a batch, where it was 11-28 % faster than `F.linear` under
 load on 2026-12-02, and 10-17 % quiet on 2026-12-01), not for a prompt's prefill (a few calls; 5-16 %
-at 96-192 rows, nothing at 256). Until then those calls take `F.linear`: a batch-1 run at one torch thread
-never holds the copy (`LLM("smollm2")` resident at 1.0 GB instead of 1.5); lesson 00's sweep to batch 64
+at 96-192 rows, nothing at 256). Until then those calls take oneDNN's product on the plain (out, in) weight,
+which needs no copy: on a Zen 5 EPYC (2026-12-07, one thread, float32, SmolLM2's four layer shapes) `F.linear`
+(MKL) ran at 38-80 GFLOP/s from 17 to 241 rows, oneDNN on the plain weight at 73-176 and on the packed copy at
+102-180, and a 12-prompt prefill of 2890 tokens took 9.45 s with `F.linear` and 4.72 s without it (MKL's
+float32 GEMM ran no faster than with MKL_ENABLE_INSTRUCTIONS=AVX2, about the AVX2 peak of one core; oneDNN
+picks AVX-512 by the CPU's features). A batch-1
+run at one torch thread never holds the copy (`LLM("smollm2")` resident at 1.0 GB instead of 1.5); lesson 00's sweep to batch 64
 does (its kernel 0.5 GB higher after it), and so does a run at more threads, whose few rows skip the
 one-thread kernel. bfloat16 follows
 the same rule (its few rows take the kernel's bfloat16 paths). Without the kernel, every product
 beyond one float32 row takes the packed copy, which is made at once.
 
 Packing changes speed, not the function: where oneDNN (or its bfloat16 support) is missing, on a
-GPU, or with SPECLAB_PACKED_LINEAR=0, `PackedLinear` is `F.linear` on the plain weight (one
+GPU, or with SPECLAB_PACKED_LINEAR=0, `PackedLinear` is `F.linear` on the plain weight for those rows (one
 float32 row on a CPU still takes the transposed GEMV, which is the same product). The paths agree
 within float rounding (they sum in a different order), as two GEMM libraries do.
 """
@@ -135,9 +140,20 @@ class PackedLinear:
             self.band_calls += 1                 # the kernel's case: pack once a batch's verify steps come
             if self.band_calls >= PACK_AFTER:
                 self._pack()
-        if self.packed is None or x.dtype != self.weight.dtype:
+        if x.dtype != self.weight.dtype or not self.packable:
             return F.linear(x, self.weight)
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, None, "none", [], "")
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, None, "none", [], "")
+        return self._plain_onednn(x)
+
+    def _plain_onednn(self, x: torch.Tensor) -> torch.Tensor:
+        """oneDNN's product on the plain (out, in) weight, no copy made (a prompt's prefill; the module
+        docstring); F.linear where oneDNN refuses the weight's layout (a strided view)."""
+        try:
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, None, "none", [], "")
+        except RuntimeError:
+            self.packable = False
+            return F.linear(x, self.weight)
 
     @property
     def is_packed(self) -> bool:
