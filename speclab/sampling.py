@@ -108,7 +108,7 @@ def logits_to_probs(logits: torch.Tensor, temperature=1.0, top_k=0, top_p=1.0) -
         (..., V) probabilities, rows summing to 1.
     """
     x = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-    if x.dtype == torch.float32 and _temperature_only(temperature, top_k, top_p, x.shape[-1]):  # a drafter's q
+    if x.dtype == torch.float32 and temperature_only(temperature, top_k, top_p, x.shape[-1]):  # a drafter's q
         return (x / temperature).softmax(-1)  # the bits of the path below, without its checks and copies
     shape = logits.shape
     x = x.reshape(-1, shape[-1])
@@ -130,7 +130,7 @@ def logits_to_probs(logits: torch.Tensor, temperature=1.0, top_k=0, top_p=1.0) -
     return probs.reshape(shape)
 
 
-def _temperature_only(temperature, top_k, top_p, vocab_size: int) -> bool:
+def temperature_only(temperature, top_k, top_p, vocab_size: int) -> bool:
     """Whether one request's settings, as Python numbers, leave only the temperature to apply: a valid
     temperature above SAMPLING_EPS, no top-k (0, -1 or at least the vocabulary) and top_p 1. Drafters
     call `logits_to_probs` once per drafted token with such settings (0.10 ms a call over 49152 tokens

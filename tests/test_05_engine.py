@@ -152,6 +152,34 @@ def test_seeded_requests_reproduce_alone_and_in_any_batch(tiny):
                                                           ignore_eos=True))[0] != alone
 
 
+@pytest.mark.parametrize("rule", ["standard", "block", "typical"])
+def test_plain_sampling_s_race_draws_what_the_verifier_draws(tiny, monkeypatch, rule):
+    """A step with no drafts, no seed and a temperature alone skips the verifier (`ModelRunner._race`): the
+    same tokens from the same engine stream as the verifier's k = 0 row under every rule, in a batch of
+    several temperatures; a request with top-k, top-p or a seed takes the verifier."""
+    from speclab.engine import model_runner
+    _, ours = tiny
+    prompts = [[1, 2], [7, 8, 9], [5] * 9]
+    params = [SamplingParams(temperature=t, max_tokens=12, ignore_eos=True) for t in (1.0, 0.7, 1.6)]
+    races = []
+    race = model_runner.ModelRunner._race
+    monkeypatch.setattr(model_runner.ModelRunner, "_race", lambda self, *a: races.append(1) or race(self, *a))
+    fast = run_engine(LLMEngine(ours, num_kv_blocks=64, block_size=8, seed=5, rejection_sample_method=rule),
+                      prompts, params)
+    assert races, "no step took the race"
+    monkeypatch.setattr(model_runner, "temperature_only", lambda *a: False)  # every step through the verifier
+    slow = run_engine(LLMEngine(ours, num_kv_blocks=64, block_size=8, seed=5, rejection_sample_method=rule),
+                      prompts, params)
+    assert fast == slow
+    monkeypatch.undo()
+    races.clear()
+    monkeypatch.setattr(model_runner.ModelRunner, "_race", lambda self, *a: races.append(1) or race(self, *a))
+    others = [SamplingParams(temperature=1.0, top_k=5, max_tokens=3), SamplingParams(temperature=1.0, top_p=0.9,
+              max_tokens=3), SamplingParams(temperature=1.0, seed=3, max_tokens=3)]
+    run_engine(LLMEngine(ours, num_kv_blocks=64, block_size=8, seed=5), [[1, 2]] * 3, others)
+    assert not races, "a request with top-k, top-p or a seed skipped the verifier"
+
+
 def test_triton_verifier_gives_the_same_outputs(tiny):
     """The engine with the Triton kernels (interpreted on a CPU) samples exactly what the torch path does."""
     from speclab.kernels import rejection_sample as kernel
