@@ -18,7 +18,7 @@ tokens cost 1.1-1.4 decode steps where one over 4 cost about 1.0 (`bench heads`'
 
     LLM("smollm2", speculative_config={"method": "eagle", "speculative_token_tree": "[(0,), (1,), (2,)]",
                                        "num_speculative_tokens": 6, "graft_method": "ngram",
-                                       "prompt_lookup_min": 1, "prompt_lookup_max": 3})
+                                       "prompt_lookup_min": 2, "prompt_lookup_max": 3})
 
 `num_speculative_tokens` stays the verified budget: the tree's nodes plus the m = 6 - 3 lookup tokens.
 """
@@ -33,16 +33,22 @@ from speclab.verify.tree import TokenTree, chain, from_parents
 
 __all__ = ["GRAFT_TOKENS", "NGRAM_GRAFT", "GraftedProposer", "graft"]
 
-# What `make demo` and `bench heads` graft: an n-gram chain of up to 3 tokens (n-gram sizes 3 down to 1, as their
-# n-gram rows). Chosen by replaying EAGLE's 3-star at every position of plain greedy decoding on SmolLM2 (12
+# What `make demo` and `bench heads` graft: an n-gram chain of up to 3 tokens, found by a match of 3 or 2 tokens.
+# The length was chosen by replaying EAGLE's 3-star at every position of plain greedy decoding on SmolLM2 (12
 # held-out chats per set x 48 tokens, 2026-12-07, a Zen 4 EPYC; the replay's tau matched the engine's within 2 %)
 # and pricing each step with `bench verify-cost`'s cost of a forward over n tokens: grafting 2, 3 or 4 tokens gave
 # tau 2.55 / 3.09 / 3.38 on edit and 1.55 / 1.57 / 1.57 on chat (the 3-star alone: 1.74 and 1.46); priced, 3 was
-# the best on qa, level with 2 on chat, and 2 % behind 4 on edit and codegen. Waiting for a 2-token match before
-# a new branch, or dropping the star's third child when the chain takes a new branch, priced at most 2 % apart
-# from grafting every lookup, so the rule stays the simplest one.
+# the best on qa, level with 2 on chat, and 2 % behind 4 on edit and codegen.
+# The 2-token match: on that Zen 4 grafting only after one priced within 2 % of grafting after any 1-token match.
+# On a Zen 5 EPYC, whose 6th and 7th rows cost far more (7 rows 1.5-1.7 decode steps, 5 rows 1.0), it won: a
+# 1-token match is found at almost every step, so every step paid for 7 rows. In two interleaved runs there (4
+# chats per set x 48 tokens x 3 rounds, the rows in opposite orders, 2026-12-07 19:13-19:21 UTC) the decode phase
+# read 2.39 / 1.85 / 1.53x and 2.01 / 1.93 / 1.73 / 1.51x (edit / codegen / qa / chat) with a 2-token match against
+# 2.24 / 1.61 / 1.48x and 2.31 / 1.94 / 1.62 / 1.40x with any match: qa +7-15 %, chat +3-8 %, edit and codegen
+# level (tau 3.32 against 3.38 on edit). Three tokens against two after a 2-token match (6 chats per set): 1.81-1.93
+# against 1.68-1.74x on edit, 1.80-1.87 against 1.68-1.73 on codegen, level on qa and chat.
 GRAFT_TOKENS = 3
-NGRAM_GRAFT = {"graft_method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+NGRAM_GRAFT = {"graft_method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 3}
 
 
 def graft(tokens: list[int], tree: TokenTree | None, lookup: list[int]) -> tuple[list[int], TokenTree]:
