@@ -1,6 +1,6 @@
 """`python -m speclab.bench gemm` times a forward's products on every path (speclab's kernel in float32
-and on its three bfloat16 paths, F.linear, oneDNN on the plain weight and on its packed copy) and writes them as JSON. A smoke run on
-the embedded target's shapes; speeds printed, never asserted."""
+and on its three bfloat16 paths, F.linear, oneDNN on the plain weight and on its packed copy) and writes them
+as JSON. A smoke run on the embedded target's shapes; speeds printed, never asserted."""
 
 import json
 

@@ -31,7 +31,7 @@ def test_a_draft_that_resolves_to_a_directory_gets_a_row(monkeypatch):
     assert {k: rows[2][1][k] for k in ("num_speculative_tokens", "speculative_token_tree")} == {
         "num_speculative_tokens": 3, "speculative_token_tree": "[(0,), (1,), (2,)]"}  # EAGLE's row: the same star
     assert rows[3][1] == {**rows[2][1], "num_speculative_tokens": 6, "graft_method": "ngram", "prompt_lookup_min": 2,
-                          "prompt_lookup_max": 3}  # and again with prompt lookup's chain grafted in after a 2-token match (lesson 10)
+                          "prompt_lookup_max": 3}  # and again with prompt lookup's chain grafted in (lesson 10)
 
 
 def test_the_smollm2_draft_row_scores_the_reduced_vocabulary_where_its_ranking_ships(monkeypatch, tmp_path):

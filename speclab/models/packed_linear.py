@@ -41,11 +41,11 @@ which needs no copy: on a Zen 5 EPYC (2026-12-07, one thread, float32, SmolLM2's
 (MKL) ran at 38-80 GFLOP/s from 17 to 241 rows, oneDNN on the plain weight at 73-176 and on the packed copy at
 102-180, and a 12-prompt prefill of 2890 tokens took 9.45 s with `F.linear` and 4.72 s without it (MKL's
 float32 GEMM ran no faster than with MKL_ENABLE_INSTRUCTIONS=AVX2, about the AVX2 peak of one core; oneDNN
-picks AVX-512 by the CPU's features). A batch-1
-run at one torch thread never holds the copy (`LLM("smollm2")` resident at 1.0 GB instead of 1.5); lesson 00's sweep to batch 64
-does (its kernel 0.5 GB higher after it), and so does a run at more threads, whose few rows skip the
-one-thread kernel. bfloat16 follows
-the same rule (its few rows take the kernel's bfloat16 paths). Without the kernel, every product
+picks AVX-512 by the CPU's features). A batch-1 run at one torch thread whose prompts are longer than 64 tokens
+never holds the copy (`LLM("smollm2")` resident at 1.0 GB instead of 1.5; prompts of 17-64 tokens count as such
+calls); lesson 00's sweep to batch 64 does (its kernel 0.5 GB higher after it), and so does a run at more threads,
+whose few rows skip the one-thread kernel. bfloat16 follows the same rule (its few rows take the kernel's bfloat16
+paths). Without the kernel, every product
 beyond one float32 row takes the packed copy, which is made at once.
 
 Packing changes speed, not the function: where oneDNN (or its bfloat16 support) is missing, on a
