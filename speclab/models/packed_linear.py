@@ -61,6 +61,16 @@ import torch.nn.functional as F
 
 from speclab.models import cpu_gemm
 
+# oneDNN compiles a primitive per product shape and keeps up to 1024 of them, twice (its own cache and ideep's,
+# ONEDNN_PRIMITIVE_CACHE_CAPACITY and LRU_CACHE_CAPACITY); every prompt length is a new shape for a prefill's
+# products. With the default capacities `tests/test_10_tree.py` (tiny models of many shapes) peaked at 1.09 GB where
+# F.linear had 0.78, and `make test`'s first phase at 4.48 GB; capped at 64 each, 0.77 GB, and a prefill of 55 prompt
+# lengths twice took 20.8 / 18.5 s against 19.4 / 17.5 uncapped (2026-12-07, Zen 5). Set before oneDNN's first
+# primitive; a value already in the environment wins.
+ONEDNN_CACHE = 64
+for _var in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+    os.environ.setdefault(_var, str(ONEDNN_CACHE))
+
 PACKABLE = (torch.float32, torch.bfloat16)
 PACK_BATCH = 4  # rows the packed layout is tuned for (see the module docstring)
 PACK_AFTER = 8  # with the kernel: calls of 17..PACK_ROWS rows before the packed copy is made
@@ -148,7 +158,7 @@ class PackedLinear:
 
     def _plain_onednn(self, x: torch.Tensor) -> torch.Tensor:
         """oneDNN's product on the plain (out, in) weight, no copy made (a prompt's prefill; the module
-        docstring); F.linear where oneDNN refuses the weight's layout (a strided view)."""
+        docstring); F.linear from then on where oneDNN raises (a build or a layout it does not take)."""
         try:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, None, "none", [], "")
         except RuntimeError:
