@@ -7,10 +7,11 @@ One step, for whatever mix of prefill chunks and decodes the scheduler chose:
      tokens, its last 1 + k rows (k drafts to verify, plus the bonus row);
   4. process them into probabilities (temperature, top-k, top-p per request);
   5. call `rejection_sample` for the whole batch. A request with no drafts is just a k = 0 row:
-     plain sampling is the bonus token of an empty draft. A request whose drafts form a tree
-     (lesson 10) ran with an ancestor-only mask and positions by depth; it is verified on its own
-     (`speclab.verify.tree`), and its accepted path's keys and values are moved into the slots right
-     after the root (`_compact`), so its cache is one sequence again.
+     plain sampling is the bonus token of an empty draft (a batch of such rows at a temperature alone
+     skips the verifier and runs that token's exponential race directly, `_race`: the same numbers).
+     A request whose drafts form a tree (lesson 10) ran with an ancestor-only mask and positions by
+     depth; it is verified on its own (`speclab.verify.tree`), and its accepted path's keys and values
+     are moved into the slots right after the root (`_compact`), so its cache is one sequence again.
 After the scheduler has committed the step, `propose` asks the proposer for the next drafts, and
 hands a head this step's hidden states (`ModelRunnerOutput.forward`) in the same step.
 

@@ -43,10 +43,11 @@ __all__ = ["GRAFT_TOKENS", "NGRAM_GRAFT", "GraftedProposer", "graft"]
 # On a Zen 5 EPYC, whose 6th and 7th rows cost far more (7 rows 1.5-1.7 decode steps, 5 rows 1.0), it won: a
 # 1-token match is found at almost every step, so every step paid for 7 rows. In two interleaved runs there (4
 # chats per set x 48 tokens x 3 rounds, the rows in opposite orders, 2026-12-07 19:13-19:21 UTC) the decode phase
-# read 2.39 / 1.85 / 1.53x and 2.01 / 1.93 / 1.73 / 1.51x (edit / codegen / qa / chat) with a 2-token match against
-# 2.24 / 1.61 / 1.48x and 2.31 / 1.94 / 1.62 / 1.40x with any match: qa +7-15 %, chat +3-8 %, edit and codegen
-# level (tau 3.32 against 3.38 on edit). Three tokens against two after a 2-token match (6 chats per set): 1.81-1.93
-# against 1.68-1.74x on edit, 1.80-1.87 against 1.68-1.73 on codegen, level on qa and chat.
+# with 3 tokens read 2.39 / 1.85 / 1.53x (edit / qa / chat) and 2.01 / 1.93 / 1.73 / 1.51x (edit / codegen / qa /
+# chat) after a 2-token match against 2.24 / 1.61 / 1.48x and 2.31 / 1.94 / 1.62 / 1.40x after any match: qa +7-15 %,
+# chat +3-8 %, edit and codegen level (tau 3.32 against 3.38 on edit; MEASUREMENTS.md, "The Zen 5, later"). Three
+# tokens against two after a 2-token match (6 chats per set, decode phase): 1.81-1.93 against 1.68-1.74x on edit,
+# 1.80-1.87 against 1.68-1.73 on codegen, level on qa and chat.
 GRAFT_TOKENS = 3
 NGRAM_GRAFT = {"graft_method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 3}
 
