@@ -69,8 +69,10 @@ def thread_env(threads: int) -> dict:
 
 def subprocess_env(threads: int | None = None, **extra) -> dict:
     """The environment for a child running `vllm_python()`: the CPU defaults, then `extra`.
-    Variables of speclab's own venv that would leak into the child's imports are dropped."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    Variables of speclab's own venv that would leak into the child's imports are dropped, and so are those
+    speclab set for itself (SPECLAB_SET_ENV lists them: oneDNN's cache capacities, speclab.models.packed_linear)."""
+    own = set(filter(None, os.environ.get("SPECLAB_SET_ENV", "").split(","))) | {"SPECLAB_SET_ENV"}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", *own)}
     for k, v in ENV_DEFAULTS.items():
         env.setdefault(k, v)
     if threads is not None:

@@ -64,6 +64,21 @@ def test_the_env_defaults_are_a_valid_pth_line_that_never_overrides_the_user():
         vllm_venv.thread_env(0)
 
 
+def test_vllm_s_children_do_not_inherit_what_speclab_set_for_itself(monkeypatch):
+    """speclab caps oneDNN's primitive caches for its own process (speclab.models.packed_linear); real vLLM's
+    processes run with their defaults, so a comparison does not slow vLLM with speclab's settings. A value
+    the user set stays."""
+    import speclab.models.packed_linear  # noqa: F401  (sets the caps where the environment has none)
+    for var in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        monkeypatch.setenv(var, "64")
+    monkeypatch.setenv("SPECLAB_SET_ENV", "ONEDNN_PRIMITIVE_CACHE_CAPACITY,LRU_CACHE_CAPACITY")
+    env = vllm_venv.subprocess_env(1)
+    assert not {"ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY", "SPECLAB_SET_ENV"} & set(env)
+    monkeypatch.setenv("SPECLAB_SET_ENV", "LRU_CACHE_CAPACITY")  # the user set the other one
+    env = vllm_venv.subprocess_env(1)
+    assert env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64" and "LRU_CACHE_CAPACITY" not in env
+
+
 @pytest.mark.vllm
 def test_the_installed_venv_is_what_the_pins_say():
     if vllm_venv.skip_reason():

@@ -66,10 +66,13 @@ from speclab.models import cpu_gemm
 # products. With the default capacities `tests/test_10_tree.py` (tiny models of many shapes) peaked at 1.09 GB where
 # F.linear had 0.78, and `make test`'s first phase at 4.48 GB; capped at 64 each, 0.77 GB, and a prefill of 55 prompt
 # lengths twice took 20.8 / 18.5 s against 19.4 / 17.5 uncapped (2026-12-07, Zen 5). Set before oneDNN's first
-# primitive; a value already in the environment wins.
+# primitive; a value already in the environment wins. The names set here are listed in SPECLAB_SET_ENV, so that
+# real vLLM's processes (`speclab.vllm_venv.subprocess_env`) run with their own defaults, not speclab's.
 ONEDNN_CACHE = 64
 for _var in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
-    os.environ.setdefault(_var, str(ONEDNN_CACHE))
+    if _var not in os.environ:
+        os.environ[_var] = str(ONEDNN_CACHE)
+        os.environ["SPECLAB_SET_ENV"] = ",".join(filter(None, [os.environ.get("SPECLAB_SET_ENV"), _var]))
 
 PACKABLE = (torch.float32, torch.bfloat16)
 PACK_BATCH = 4  # rows the packed layout is tuned for (see the module docstring)
