@@ -230,7 +230,7 @@ class ModelRunner:
         """Plain sampling at a temperature alone (no drafts, no seed, no top-k or top-p: a T > 0 decode step
         without speculation): each row's probabilities and the exponential race, the very numbers the
         verifier computes for a k = 0 row, from the same draws of the stream, without its batch checks
-        and per-row tensors: 1.6-1.7 -> 0.8-0.9 ms a step over SmolLM2's 49152 tokens, about half of it the
+        and per-row tensors: 1.6-1.9 -> 0.8-0.9 ms a step over SmolLM2's 49152 tokens, about half of it the
         Exp(1) noise (2026-12-07, Zen 5, one thread)."""
         _, noise = self._draw([0] * len(params), torch.ones(len(params), dtype=torch.bool), logits.shape[-1])
         probs = torch.cat([logits_to_probs(logits[i:i + 1], p.temperature, p.top_k, p.top_p)
